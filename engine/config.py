@@ -1,0 +1,135 @@
+"""Engine configuration: one frozen dataclass per subsystem.
+
+Each component receives only its own part. Validation raises ValueError naming the field.
+Environment variables are read here and nowhere else (see `from_env`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def _require(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} {message}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which weights to run and how.
+
+    model: None for the embedded default (SmolLM2-135M-Instruct GGUF), else a GGUF file or a
+    Hugging Face checkpoint folder. dtype "auto" means float32 on CPU and bfloat16 on CUDA.
+    max_model_len: None takes the model's own context length.
+    """
+
+    model: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
+        _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
+                 f"must be >= 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache.
+
+    kv_cache_memory_bytes: the KV budget on CPU (and on CUDA when set). On CUDA without it,
+    gpu_memory_utilization is the fraction of total device memory the whole engine may use;
+    KV gets what is left after weights and a measured activation peak.
+    num_gpu_blocks_override: exact number of blocks (tests use tiny pools).
+    """
+
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    num_blocks_override: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0, "block_size",
+                 f"must be a power of two, got {self.block_size}")
+        _require(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes",
+                 f"must be > 0, got {self.kv_cache_memory_bytes}")
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+                 f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        _require(self.num_blocks_override is None or self.num_blocks_override >= 1, "num_blocks_override",
+                 f"must be >= 1, got {self.num_blocks_override}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching.
+
+    max_num_batched_tokens: the per-step token budget shared by all requests.
+    long_prefill_token_threshold: a prompt chunk larger than this is cut so decodes keep flowing
+    (0: no cap beyond the budget).
+    policy: "fcfs" (arrival order) or "priority" (lower priority value first, then arrival).
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "priority"
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
+        _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+                 f"must be >= 1, got {self.max_num_batched_tokens}")
+        _require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
+                 f"must be >= 0, got {self.long_prefill_token_threshold}")
+        _require(self.policy in ("fcfs", "priority"), "policy", f"must be 'fcfs' or 'priority', got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """device "auto" picks cuda when available, else cpu. num_threads: CPU threads for torch
+    (None: leave torch's default)."""
+
+    device: str = "auto"
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "device",
+                 f"must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _require(self.num_threads is None or self.num_threads >= 1, "num_threads",
+                 f"must be >= 1, got {self.num_threads}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+
+
+def default_kv_cache_memory_bytes_from_env() -> int | None:
+    """DRAFTGATE_KV_CACHE_MEMORY: the CPU KV budget, e.g. "2GiB" or a byte count."""
+    raw = os.environ.get("DRAFTGATE_KV_CACHE_MEMORY")
+    return parse_bytes(raw) if raw else None
+
+
+def parse_bytes(text: str) -> int:
+    """"2GiB", "512MiB", "1.5GB", "1000000" -> bytes."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    lowered = text.strip().lower()
+    for suffix, scale in units.items():
+        if lowered.endswith(suffix):
+            number = lowered[: -len(suffix)].strip()
+            try:
+                return int(float(number) * scale)
+            except ValueError:
+                break
+    try:
+        return int(lowered)
+    except ValueError:
+        raise ValueError(f"kv_cache_memory must be a size like '2GiB' or a byte count, got {text!r}") from None

@@ -1,0 +1,35 @@
+"""Paged attention layer: stores this step's keys/values, then attends over the cache."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from engine.model.attention_metadata import AttentionMetadata
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None = None) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return kernels.paged_attention(q, k_cache, v_cache, meta.block_table, meta.query_start_loc_cpu,
+                                       meta.seq_lens_cpu, self.scale, self.sliding_window)

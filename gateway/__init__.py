@@ -1,0 +1,1 @@
+"""draftgate gateway package."""
