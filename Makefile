@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test bench clean
+.PHONY: serve test bench-engine clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,8 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
-bench: $(STAMP)
-	$(PY) -m scenarios.bench_offline $(ARGS)
+bench-engine: $(STAMP)
+	$(PY) -m engine.benchmarks.offline --write-docs $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

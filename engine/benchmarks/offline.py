@@ -1,0 +1,192 @@
+"""Offline engine benchmark against Hugging Face transformers, side by side in one run.
+
+    python -m engine.benchmarks.offline [--num-requests 64] [--min-len 32] [--max-len 256] [--write-docs]
+
+1. Throughput: a nano-vllm-style workload scaled to a 2-core CPU: N requests of random token ids,
+   prompt and output lengths uniform in [min_len, max_len], ignore_eos, everything submitted at
+   once. draftgate's LLM.generate against transformers' generate() on the same weights (the same
+   GGUF file, dequantized by transformers' own loader), batched with left padding (static
+   batching: a batch runs until its longest output is done; only the requested tokens count).
+2. Single-stream decode tokens/s (one request, 256 output tokens).
+3. TTFT of a 1,000-token prompt, cold and with its prefix cached.
+
+Prints a table; with --write-docs, replaces its section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.llm import LLM
+from engine.model.resolve import embedded_gguf_path
+from engine.protocol import AddRequest
+from engine.sampling_params import SamplingParams
+
+DOCS_BEGIN = "<!-- offline-benchmark:begin -->"
+DOCS_END = "<!-- offline-benchmark:end -->"
+
+
+@dataclass
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def make_workload(num_requests: int, min_len: int, max_len: int, vocab_size: int, seed: int) -> Workload:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(100, vocab_size) for _ in range(rng.randint(min_len, max_len))]
+               for _ in range(num_requests)]
+    output_lens = [rng.randint(min_len, max_len) for _ in range(num_requests)]
+    return Workload(prompts, output_lens)
+
+
+def run_draftgate(llm: LLM, workload: Workload) -> float:
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
+    started = time.perf_counter()
+    outputs = llm.generate(workload.prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    produced = sum(len(o.token_ids) for o in outputs)
+    if produced != workload.num_output_tokens:
+        raise RuntimeError(f"draftgate produced {produced} tokens, expected {workload.num_output_tokens}")
+    return elapsed
+
+
+def run_transformers(workload: Workload, batch_size: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(embedded_gguf_path())
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.eval()
+    pad_id = 0
+    order = list(range(len(workload.prompts)))
+    started = time.perf_counter()
+    for first in range(0, len(order), batch_size):
+        batch = order[first : first + batch_size]
+        longest = max(len(workload.prompts[i]) for i in batch)
+        ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, i in enumerate(batch):
+            prompt = workload.prompts[i]
+            ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+            mask[row, longest - len(prompt) :] = 1
+        max_new = max(workload.output_lens[i] for i in batch)
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+                           do_sample=False, pad_token_id=pad_id)
+    return time.perf_counter() - started
+
+
+def single_stream_decode(llm: LLM, num_tokens: int = 256) -> float:
+    """Decode tokens/s of one request, timed from its first token to its last."""
+    engine = llm.engine
+    engine.add_request(AddRequest("decode-probe", list(range(1000, 1032)),
+                                  SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True),
+                                  time.monotonic()))
+    stamps = []
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            stamps.extend([time.perf_counter()] * len(delta.new_token_ids))
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def ttft(llm: LLM, prompt: list[int], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--min-len", type=int, default=32)
+    parser.add_argument("--max-len", type=int, default=256)
+    parser.add_argument("--hf-batch-size", type=int, default=64, help="transformers generate() batch size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    args = parser.parse_args()
+
+    llm = LLM()
+    workload = make_workload(args.num_requests, args.min_len, args.max_len, llm.engine.vocab_size, args.seed)
+    # Warm-up: first-call allocations and lazy initialisation, outside every timing.
+    llm.generate([workload.prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+
+    ours_seconds = run_draftgate(llm, workload)
+    decode_tps = single_stream_decode(llm)
+    long_prompt = [random.Random(1).randrange(100, llm.engine.vocab_size) for _ in range(1000)]
+    llm.reset_prefix_cache()
+    cold = ttft(llm, long_prompt, repeats=1)
+    cached = ttft(llm, long_prompt, repeats=5)
+    colds = [cold]
+    for _ in range(2):
+        llm.reset_prefix_cache()
+        colds.append(ttft(llm, long_prompt, repeats=1))
+    cold = statistics.median(colds)
+    del llm
+
+    hf_seconds = None if args.skip_transformers else run_transformers(workload, args.hf_batch_size)
+
+    tokens = workload.num_output_tokens
+    rows = [("draftgate LLM.generate", ours_seconds, tokens / ours_seconds)]
+    if hf_seconds is not None:
+        rows.append((f"transformers generate() (batch {args.hf_batch_size}, padded)", hf_seconds, tokens / hf_seconds))
+    lines = [
+        f"Workload: {args.num_requests} requests, random prompt and output lengths {args.min_len}-{args.max_len} "
+        f"(seed {args.seed}), ignore_eos, greedy; {tokens} output tokens. Embedded SmolLM2-135M-Instruct, fp32.",
+        "",
+        "| system | seconds | output tokens/s |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {secs:.1f} | {tps:.1f} |" for name, secs, tps in rows]
+    if hf_seconds is not None:
+        lines += ["", f"Throughput ratio draftgate / transformers: **{hf_seconds / ours_seconds:.2f}x**"]
+    lines += [
+        "",
+        "| measure | value |",
+        "|---|---:|",
+        f"| single-stream decode | {decode_tps:.1f} tokens/s |",
+        f"| TTFT, 1,000-token prompt, cold (median of 3) | {cold * 1000:.0f} ms |",
+        f"| TTFT, same prompt, prefix cached (median of 5) | {cached * 1000:.0f} ms |",
+        f"| cached / cold | {cached / cold:.3f} |",
+    ]
+    table = "\n".join(lines)
+    print(table)
+    if args.write_docs:
+        write_docs(table)
+
+
+def write_docs(table: str) -> None:
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks.md")
+    machine = f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}, {torch.get_num_threads()} torch threads"
+    section = (
+        f"{DOCS_BEGIN}\n## Offline engine: throughput, decode, TTFT\n\n"
+        f"Command: `make bench-engine` (= `.venv/bin/python -m engine.benchmarks.offline --write-docs`)\n\n"
+        f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{table}\n{DOCS_END}"
+    )
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    if DOCS_BEGIN in text:
+        head, rest = text.split(DOCS_BEGIN, 1)
+        text = head + section + rest.split(DOCS_END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()

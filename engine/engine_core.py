@@ -1,0 +1,180 @@
+"""The engine core: schedule -> run -> update, one step at a time.
+
+Owns the scheduler (torch-free), the model runner (device and tensors) and one incremental
+detokenizer per request, which applies stop strings as tokens arrive so that a request stops at
+the step its stop string appears. Used directly by the offline LLM and, inside the engine
+process, by engine/engine_process.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from engine.config import EngineConfig
+from engine.core.block_hash import make_block_hasher
+from engine.core.scheduler import RequestRejectedError, Scheduler
+from engine.detokenizer import IncrementalDetokenizer
+from engine.model.resolve import resolve_model
+from engine.model.tokenizer import Tokenizer, load_tokenizer
+from engine.protocol import AddRequest, EngineReady, EngineStats, RequestDelta, TokenLogprobs
+from engine.request import Request, RequestStatus
+from engine.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        resolved = resolve_model(config.model.model)
+        self.model_name = resolved.name
+        self.tokenizer: Tokenizer = load_tokenizer(resolved)
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+        self.runner = ModelRunner(resolved, config.model, config.cache, config.scheduler, config.device,
+                                  self.eos_token_ids)
+        self.vocab_size = self.runner.vocab_size
+        num_blocks = self.runner.determine_num_blocks()
+        block_size = config.cache.block_size
+        model_len = config.model.max_model_len or self.runner.arch.max_position_embeddings
+        # A request must always fit the whole pool by itself, or preemption could never make room.
+        pool_tokens = num_blocks * block_size
+        if model_len > pool_tokens:
+            logger.warning("max_model_len %d exceeds the KV pool (%d tokens); capping it", model_len, pool_tokens)
+        self.max_model_len = min(model_len, pool_tokens)
+        self.runner.initialize_kv_cache(num_blocks)
+        self.num_blocks = num_blocks
+        # Cache keys are seeded per model, so two models never share prefix-cache entries.
+        self._block_hasher = make_block_hasher(block_size, seed=f"{resolved.path}|{self.runner.dtype}")
+        self.scheduler = Scheduler(
+            config.scheduler, config.cache, num_blocks=num_blocks, max_model_len=self.max_model_len,
+        )
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._started: set[str] = set()  # requests that have produced their first token
+        self._num_steps = 0
+        self._step_seconds_total = 0.0
+        self._last_step_seconds = 0.0
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+
+    # ---- description -------------------------------------------------------------------------
+    def ready_message(self) -> EngineReady:
+        return EngineReady(
+            model_name=self.model_name,
+            max_model_len=self.max_model_len,
+            vocab_size=self.vocab_size,
+            block_size=self.config.cache.block_size,
+            num_blocks=self.num_blocks,
+            device=str(self.runner.device),
+            dtype=str(self.runner.dtype).removeprefix("torch."),
+        )
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, add: AddRequest) -> RequestDelta | None:
+        """Queues a request; returns an error delta instead when it can never run."""
+        try:
+            add.sampling_params.validate_vocab(self.vocab_size)
+            request = Request(
+                add.request_id,
+                add.prompt_token_ids,
+                add.sampling_params,
+                eos_token_ids=self.eos_token_ids,
+                arrival_time=add.arrival_time,
+                priority=add.priority,
+                cache_salt=add.cache_salt,
+                block_hasher=self._block_hasher,
+            )
+            for token_id in add.prompt_token_ids:
+                if not 0 <= token_id < self.vocab_size:
+                    raise ValueError(f"prompt token id {token_id} is outside the vocabulary ({self.vocab_size})")
+            self.scheduler.add_request(request)
+        except (RequestRejectedError, ValueError) as error:
+            return RequestDelta(add.request_id, finish_reason="error", error=str(error),
+                                num_prompt_tokens=len(add.prompt_token_ids))
+        params = add.sampling_params
+        self._detokenizers[add.request_id] = IncrementalDetokenizer(
+            self.tokenizer,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        return None
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        for request_id in request_ids:
+            self._detokenizers.pop(request_id, None)
+            self._started.discard(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        if not self.scheduler.has_unfinished_requests():
+            return []
+        started = time.perf_counter()
+        scheduler_output = self.scheduler.schedule()
+        # Even a step that schedules nothing goes to the runner: it carries the finished and
+        # preempted ids whose state the runner must drop.
+        runner_output = self.runner.execute_model(scheduler_output)
+        results = self.scheduler.update_from_output(scheduler_output, runner_output)
+        deltas = [self._make_delta(result) for result in results]
+        elapsed = time.perf_counter() - started
+        self._num_steps += 1
+        self._step_seconds_total += elapsed
+        self._last_step_seconds = elapsed
+        return deltas
+
+    def _make_delta(self, result) -> RequestDelta:
+        detokenizer = self._detokenizers[result.request_id]
+        if result.request_id not in self._started:
+            # Counted once per request, like vLLM's prompt_tokens_total (cached ones included).
+            self._started.add(result.request_id)
+            self._num_prompt_tokens += result.num_prompt_tokens
+        self._num_generation_tokens += len(result.new_token_ids)
+        text = detokenizer.update(result.new_token_ids)
+        finish_reason, stop_reason = result.finish_reason, result.stop_reason
+        if detokenizer.stop_string is not None:
+            if finish_reason is None:
+                self.scheduler.finish_requests([result.request_id], RequestStatus.FINISHED_STOPPED,
+                                               stop_reason=detokenizer.stop_string)
+            finish_reason, stop_reason = "stop", detokenizer.stop_string
+        if finish_reason is not None:
+            text += detokenizer.flush()
+            del self._detokenizers[result.request_id]
+            self._started.discard(result.request_id)
+        logprobs = None
+        if result.new_logprobs:
+            logprobs = [TokenLogprobs(token_id, logprob, top) for token_id, logprob, top in result.new_logprobs]
+        return RequestDelta(
+            request_id=result.request_id,
+            new_token_ids=result.new_token_ids,
+            text=text,
+            finish_reason=finish_reason,
+            stop_reason=stop_reason,
+            num_prompt_tokens=result.num_prompt_tokens,
+            num_cached_tokens=max(result.num_cached_tokens, 0),
+            logprobs=logprobs,
+        )
+
+    # ---- stats and maintenance ---------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        s = self.scheduler.make_stats()
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_cache_usage=s.kv_cache_usage,
+            num_blocks=self.num_blocks,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+            num_steps=self._num_steps,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens,
+            last_step_seconds=self._last_step_seconds,
+            mean_step_seconds=self._step_seconds_total / max(self._num_steps, 1),
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()

@@ -1,0 +1,81 @@
+"""KV cache tensors: geometry, sizing from a memory budget, allocation.
+
+All layers' caches live in one allocation, [num_layers, 2, num_blocks, block_size, num_kv_heads,
+head_dim]; layer i's view is [2, num_blocks, block_size, num_kv_heads, head_dim]. Block ids come
+from the torch-free KVCacheManager and index dimension 2 of every layer alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# CPU default when no budget is configured: a quarter of available memory, at most 4 GiB.
+_CPU_DEFAULT_MAX_BYTES = 4 << 30
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element_size
+
+
+def cpu_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux); a conservative 8 GiB guess elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def num_blocks_for_budget(spec: KVCacheSpec, budget_bytes: int) -> int:
+    num_blocks = budget_bytes // spec.bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(
+            f"kv_cache_memory_bytes ({budget_bytes}) is smaller than one KV block ({spec.bytes_per_block} bytes)"
+        )
+    return num_blocks
+
+
+def default_cpu_budget_bytes() -> int:
+    return min(cpu_available_bytes() // 4, _CPU_DEFAULT_MAX_BYTES)
+
+
+def cuda_budget_bytes(device: torch.device, gpu_memory_utilization: float, peak_activation_bytes: int) -> int:
+    """What KV may use on a CUDA device: the allowed share of total memory, minus what torch
+    already holds (weights) and the measured activation peak of a profiling forward."""
+    free_bytes, total_bytes = torch.cuda.mem_get_info(device)
+    used_by_others = total_bytes - free_bytes - torch.cuda.memory_reserved(device)
+    allowed = int(total_bytes * gpu_memory_utilization) - used_by_others
+    budget = allowed - torch.cuda.memory_allocated(device) - peak_activation_bytes
+    if budget <= 0:
+        raise ValueError(
+            f"no memory left for the KV cache on {device}: gpu_memory_utilization={gpu_memory_utilization} "
+            f"allows {allowed / 2**30:.1f} GiB, weights and activations need more"
+        )
+    return budget
+
+
+def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> list[torch.Tensor]:
+    """One [2, num_blocks, block_size, num_kv_heads, head_dim] view per layer."""
+    # zeros, not empty: attention reads padded key slots of the last block (masked out, but a
+    # NaN from uninitialised memory times a zero weight is still NaN).
+    storage = torch.zeros(
+        (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim),
+        dtype=spec.dtype,
+        device=device,
+    )
+    return list(storage.unbind(0))
