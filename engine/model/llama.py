@@ -51,7 +51,7 @@ class LlamaAttention(nn.Module):
         hidden: torch.Tensor,  # [num_tokens, hidden_size]
         cos: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
         sin: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
-        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, num_kv_heads, block_size, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         num_tokens = hidden.shape[0]
@@ -86,7 +86,7 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,  # [num_tokens, hidden_size]; None before the first layer
         cos: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
         sin: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
-        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, num_kv_heads, block_size, head_dim]
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp output, residual), both [num_tokens, hidden_size]
         # The residual add of each sub-layer is deferred into the next norm (fused add + norm).
@@ -127,7 +127,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [num_tokens] int64
         positions: torch.Tensor,  # [num_tokens] int64
-        kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
+        kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, num_kv_heads, block_size, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         if len(kv_caches) != len(self.layers):

@@ -1,7 +1,8 @@
 """KV cache tensors: geometry, sizing from a memory budget, allocation.
 
-All layers' caches live in one allocation, [num_layers, 2, num_blocks, block_size, num_kv_heads,
-head_dim]; layer i's view is [2, num_blocks, block_size, num_kv_heads, head_dim]. Block ids come
+All layers' caches live in one allocation, [num_layers, 2, num_blocks, num_kv_heads, block_size,
+head_dim]; layer i's view is [2, num_blocks, num_kv_heads, block_size, head_dim] (head-major blocks,
+see kernels/kv_store.py). Block ids come
 from the torch-free KVCacheManager and index dimension 2 of every layer alike.
 """
 
@@ -70,11 +71,11 @@ def cuda_budget_bytes(device: torch.device, gpu_memory_utilization: float, peak_
 
 
 def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> list[torch.Tensor]:
-    """One [2, num_blocks, block_size, num_kv_heads, head_dim] view per layer."""
+    """One [2, num_blocks, num_kv_heads, block_size, head_dim] view per layer."""
     # zeros, not empty: attention reads padded key slots of the last block (masked out, but a
     # NaN from uninitialised memory times a zero weight is still NaN).
     storage = torch.zeros(
-        (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim),
+        (spec.num_layers, 2, num_blocks, spec.num_kv_heads, spec.block_size, spec.head_dim),
         dtype=spec.dtype,
         device=device,
     )

@@ -49,8 +49,8 @@ def run_case(query_lens: list[int], prefix_lens: list[int], num_heads: int, num_
     free = list(range(num_blocks))
     rng.shuffle(free)
     # Garbage everywhere: an unmasked read of a slot nobody wrote shows up as a large error.
-    k_cache = 100 * torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
-    v_cache = 100 * torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
+    k_cache = 100 * torch.randn(num_blocks, num_kv_heads, block_size, head_dim, generator=generator)
+    v_cache = 100 * torch.randn(num_blocks, num_kv_heads, block_size, head_dim, generator=generator)
     max_blocks = max(blocks_needed)
     block_table = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
     queries, expected = [], []
@@ -62,8 +62,8 @@ def run_case(query_lens: list[int], prefix_lens: list[int], num_heads: int, num_
         k = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator)
         v = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator)
         for pos in range(seq_len):  # written slot by slot, independently of store_kv
-            k_cache[blocks[pos // block_size], pos % block_size] = k[pos]
-            v_cache[blocks[pos // block_size], pos % block_size] = v[pos]
+            k_cache[blocks[pos // block_size], :, pos % block_size] = k[pos]
+            v_cache[blocks[pos // block_size], :, pos % block_size] = v[pos]
         q = torch.randn(query_len, num_heads, head_dim, generator=generator)
         queries.append(q)
         expected.append(dense_attention(q, k, v, head_dim ** -0.5, sliding_window))
@@ -112,20 +112,20 @@ def test_single_decode_and_exact_block_multiple() -> None:
 def test_store_kv_writes_each_slot() -> None:
     generator = torch.Generator().manual_seed(5)
     num_blocks, block_size, num_kv_heads, head_dim = 6, 4, 2, 8
-    k_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim)
+    v_cache = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim)
     slots = torch.tensor([0, 5, 23, 9, 10])
     key = torch.randn(len(slots), num_kv_heads, head_dim, generator=generator)
     value = torch.randn(len(slots), num_kv_heads, head_dim, generator=generator)
     store_kv_ref(key, value, k_cache, v_cache, slots)
     for i, slot in enumerate(slots.tolist()):
-        assert torch.equal(k_cache[slot // block_size, slot % block_size], key[i])
-        assert torch.equal(v_cache[slot // block_size, slot % block_size], value[i])
+        assert torch.equal(k_cache[slot // block_size, :, slot % block_size], key[i])
+        assert torch.equal(v_cache[slot // block_size, :, slot % block_size], value[i])
     written = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     written[slots] = True
-    assert (k_cache.view(-1, num_kv_heads, head_dim)[~written] == 0).all()
+    assert (k_cache.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)[~written] == 0).all()
     # Casting on store: a bf16 cache receives rounded fp32 values.
-    k_half = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.bfloat16)
+    k_half = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=torch.bfloat16)
     v_half = torch.zeros_like(k_half)
     store_kv_ref(key, value, k_half, v_half, slots)
-    assert torch.equal(k_half[0, 0], key[0].to(torch.bfloat16))
+    assert torch.equal(k_half[0, :, 0], key[0].to(torch.bfloat16))

@@ -26,7 +26,7 @@ class PagedAttention(nn.Module):
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, num_kv_heads, block_size, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         k_cache, v_cache = kv_cache[0], kv_cache[1]

@@ -94,14 +94,14 @@ class PagedDriver:
     block_size: int = 4
     num_blocks: int = 64
     seed: int = 0
-    kv_caches: list[torch.Tensor] = field(init=False)  # per layer [2, num_blocks, block_size, kv_heads, head_dim]
+    kv_caches: list[torch.Tensor] = field(init=False)  # per layer [2, num_blocks, kv_heads, block_size, head_dim]
     free_blocks: list[int] = field(init=False)
     block_ids: dict[int, list[int]] = field(init=False, default_factory=dict)
     num_computed: dict[int, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         dtype = next(self.model.parameters()).dtype
-        shape = (2, self.num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
+        shape = (2, self.num_blocks, self.arch.num_key_value_heads, self.block_size, self.arch.head_dim)
         # Filled with large garbage (finite, so masked-out reads stay harmless): a read of a
         # never-written slot that is not masked out changes the logits far beyond tolerance.
         generator = torch.Generator().manual_seed(self.seed)
