@@ -13,15 +13,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from engine.config import (
-    CacheConfig,
-    DeviceConfig,
-    EngineConfig,
-    ModelConfig,
-    SchedulerConfig,
-    default_kv_cache_memory_bytes_from_env,
-    parse_bytes,
-)
+from engine.config import build_engine_config
 from engine.engine_core import EngineCore
 from engine.protocol import AddRequest, EngineStats, RequestDelta, TokenLogprobs
 from engine.sampling_params import SamplingParams
@@ -65,55 +57,11 @@ class RequestOutput:
         return all(o.finish_reason is not None for o in self.outputs)
 
 
-def build_engine_config(
-    model: str | None = None,
-    *,
-    dtype: str = "auto",
-    device: str = "auto",
-    max_model_len: int | None = None,
-    block_size: int = 16,
-    kv_cache_memory: int | str | None = None,
-    gpu_memory_utilization: float = 0.9,
-    num_blocks: int | None = None,
-    enable_prefix_caching: bool = True,
-    max_num_seqs: int = 64,
-    max_num_batched_tokens: int = 1024,
-    enable_chunked_prefill: bool = True,
-    long_prefill_token_threshold: int = 0,
-    scheduling_policy: str = "priority",
-    seed: int = 0,
-    num_threads: int | None = None,
-) -> EngineConfig:
-    """One place that turns keyword options (offline API and CLI alike) into EngineConfig."""
-    if isinstance(kv_cache_memory, str):
-        kv_cache_memory = parse_bytes(kv_cache_memory)
-    if kv_cache_memory is None:
-        kv_cache_memory = default_kv_cache_memory_bytes_from_env()
-    return EngineConfig(
-        model=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len, seed=seed),
-        cache=CacheConfig(
-            block_size=block_size,
-            kv_cache_memory_bytes=kv_cache_memory,
-            gpu_memory_utilization=gpu_memory_utilization,
-            num_blocks_override=num_blocks,
-            enable_prefix_caching=enable_prefix_caching,
-        ),
-        scheduler=SchedulerConfig(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_chunked_prefill=enable_chunked_prefill,
-            long_prefill_token_threshold=long_prefill_token_threshold,
-            policy=scheduling_policy,
-        ),
-        device=DeviceConfig(device=device, num_threads=num_threads),
-    )
-
-
 class LLM:
     """An engine for offline batched generation.
 
     model: None for the embedded SmolLM2-135M-Instruct, else a GGUF file or a Hugging Face
-    checkpoint folder. Other keywords: see build_engine_config.
+    checkpoint folder. Other keywords: see engine.config.build_engine_config.
     """
 
     def __init__(self, model: str | None = None, **options: Any) -> None:

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from engine.async_engine import AsyncEngine, RequestRejectedError
-from engine.llm import build_engine_config
+from engine.config import build_engine_config
 from engine.model.resolve import resolve_model
 from engine.model.tokenizer import load_tokenizer
 from engine.sampling_params import SamplingParams

@@ -1,0 +1,1 @@
+"""Gateway benchmarks: overhead against calling the engine directly and against LiteLLM."""

@@ -1,0 +1,191 @@
+"""`draftgate serve`: the OpenAI- and Anthropic-compatible HTTP server (what `make serve` runs).
+
+With no arguments it serves the embedded SmolLM2-135M-Instruct on 127.0.0.1:8000. The server is
+uvicorn with uvloop and httptools; the engine runs in its own process, started by the app's
+lifespan. SIGTERM or Ctrl-C drains: /ready turns 503, new requests get 503, in-flight requests
+get --shutdown-timeout seconds to finish, the rest are aborted, then the engine process stops
+and the server exits. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+import uvicorn
+
+from engine.config import parse_bytes
+from engine.config import build_engine_config
+from engine.model.resolve import resolve_model
+from gateway.app import create_app
+from gateway.config import GatewayConfig, gateway_env
+from gateway.state import EngineFactory, GatewayState
+
+logger = logging.getLogger("draftgate.gateway")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows a flag's default when it has a meaningful one that its help does not state already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, [], argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: {default})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftgate", description="draftgate: agent-workload gateway and engine.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", help="serve the OpenAI and Anthropic HTTP APIs",
+        description="Serve a model over the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and "
+                    "Anthropic (/v1/messages) HTTP APIs, plus /health, /ready and /metrics.",
+        formatter_class=_HelpFormatter,
+    )
+    model = serve.add_argument_group("model")
+    model.add_argument("--model", default=None,
+                       help="a .gguf file or a Hugging Face checkpoint folder (default: the embedded "
+                            "SmolLM2-135M-Instruct)")
+    model.add_argument("--draft", default=None,
+                       help="draft model for speculative decoding (not supported by this engine build yet)")
+    model.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                       help="name clients use in 'model' (repeatable; default: the model's own name)")
+    model.add_argument("--accept-any-model", action="store_true",
+                       help="serve requests whatever 'model' they name, instead of answering 404")
+    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights and activations dtype (auto: float32 on CPU, bfloat16 on CUDA)")
+    model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    model.add_argument("--max-model-len", type=int, default=None,
+                       help="context length in tokens (default: the model's own)")
+    model.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
+
+    engine = serve.add_argument_group("engine")
+    engine.add_argument("--kv-cache-memory", default=None,
+                        help="KV-cache budget such as 2GiB (default: DRAFTGATE_KV_CACHE_MEMORY or the engine's choice)")
+    engine.add_argument("--num-blocks", type=int, default=None, help="exact number of KV blocks (overrides the budget)")
+    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV block (a power of two)")
+    engine.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one batch")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=1024, help="token budget of one engine step")
+    engine.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    engine.add_argument("--num-threads", type=int, default=None, help="CPU threads for the engine (default: torch's)")
+    engine.add_argument("--in-process-engine", action="store_true",
+                        help="run the engine in a thread of the server process (debugging; slower under load)")
+
+    server = serve.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    server.add_argument("--port", type=int, default=8000, help="port to listen on")
+    server.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                        help="accept this API key (repeatable; DRAFTGATE_API_KEYS adds comma-separated keys); "
+                             "with any key set, every route but /health requires one")
+    server.add_argument("--max-waiting-requests", type=int, default=256,
+                        help="admitted requests without output yet beyond which new ones get 429")
+    server.add_argument("--max-waiting-tokens", type=int, default=1 << 20,
+                        help="prompt tokens of waiting requests beyond which new ones get 429")
+    server.add_argument("--max-n", type=int, default=16, help="largest n (choices per request) accepted")
+    server.add_argument("--max-body-size", default="32MiB", help="largest request body accepted (413 beyond)")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
+    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="log level of the server and the engine")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> GatewayConfig:
+    env = gateway_env(environ)
+    engine = build_engine_config(
+        args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, num_blocks=args.num_blocks,
+        enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, num_threads=args.num_threads,
+    )
+    return GatewayConfig(
+        engine=engine, draft=args.draft, host=args.host, port=args.port,
+        api_keys=tuple(args.api_key) + env.api_keys, served_model_names=tuple(args.served_model_name),
+        accept_any_model=args.accept_any_model, max_waiting_requests=args.max_waiting_requests,
+        max_waiting_tokens=args.max_waiting_tokens, max_n=args.max_n,
+        max_body_bytes=_parse_size(args.max_body_size, "max_body_size"), shutdown_timeout=args.shutdown_timeout,
+        engine_in_process=args.in_process_engine, log_level=args.log_level,
+    )
+
+
+def _parse_size(text: str, name: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a size like '32MiB' or a byte count, got {text!r}") from None
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn whose first SIGTERM/SIGINT drains the gateway before the usual shutdown."""
+
+    def __init__(self, config: uvicorn.Config, state: GatewayState, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self._state = state
+        self._shutdown_timeout = shutdown_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+        self.exit_code = 0
+
+    async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self._drain_task is not None or self.should_exit:
+            # A second signal (or one before the loop runs): uvicorn's own immediate shutdown.
+            self.force_exit = self._drain_task is not None
+            self.should_exit = True
+            return
+        logger.info("received %s: draining", signal.Signals(sig).name)
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self._state.drain(self._shutdown_timeout)
+        finally:
+            self.should_exit = True
+
+    def fatal(self, message: str) -> None:
+        """The engine failed: stop serving with a non-zero exit status."""
+        self.exit_code = 1
+        self.should_exit = True
+
+
+def serve(config: GatewayConfig, engine_factory: EngineFactory | None = None) -> int:
+    """Runs the server until it is stopped; the exit status (1 when the engine failed)."""
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(config, engine_factory=engine_factory)
+    state: GatewayState = app.state.gateway
+    uvicorn_config = uvicorn.Config(
+        app, host=config.host, port=config.port, loop="uvloop", http="httptools", lifespan="on",
+        log_level=config.log_level, access_log=False, timeout_graceful_shutdown=5,
+    )
+    server = DrainingServer(uvicorn_config, state, config.shutdown_timeout)
+    state.on_fatal = server.fatal
+    server.run()
+    return server.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+        resolve_model(config.engine.model.model)  # a wrong path fails here, before the server starts
+    except (ValueError, FileNotFoundError) as error:
+        print(f"draftgate: error: {error}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""`draftgate serve`: every flag documented, options -> GatewayConfig, clear errors before serving."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway.cli import build_parser, config_from_args, main
+
+
+def serve_parser():
+    parser = build_parser()
+    [subparsers] = [a for a in parser._actions if a.dest == "command"]
+    return subparsers.choices["serve"]
+
+
+def test_help_documents_every_flag() -> None:
+    help_text = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    for action in serve_parser()._actions:
+        for flag in action.option_strings:
+            assert flag in help_text
+        assert action.help, f"{action.option_strings} has no help"
+    for flag in ("--model", "--draft", "--host", "--port", "--api-key", "--max-waiting-requests",
+                 "--max-waiting-tokens", "--shutdown-timeout"):
+        assert flag in help_text
+
+
+def test_no_arguments_serve_the_embedded_model_on_localhost_8000() -> None:
+    config = config_from_args(build_parser().parse_args(["serve"]), environ={})
+    assert (config.host, config.port) == ("127.0.0.1", 8000)
+    assert config.engine.model.model is None and config.api_keys == ()
+    assert not config.engine_in_process
+
+
+def test_options_and_environment_keys() -> None:
+    args = build_parser().parse_args([
+        "serve", "--api-key", "a", "--api-key", "b", "--max-waiting-requests", "7", "--max-body-size", "2MiB",
+        "--shutdown-timeout", "3", "--max-num-seqs", "8", "--kv-cache-memory", "64MiB", "--served-model-name", "x"])
+    config = config_from_args(args, environ={"DRAFTGATE_API_KEYS": " c, ,d "})
+    assert config.api_keys == ("a", "b", "c", "d")
+    assert config.max_waiting_requests == 7 and config.max_body_bytes == 2 << 20 and config.shutdown_timeout == 3
+    assert config.engine.scheduler.max_num_seqs == 8 and config.engine.cache.kv_cache_memory_bytes == 64 << 20
+    assert config.served_model_names == ("x",)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
+    (["serve", "--draft", "/some/draft"], "draft"),
+    (["serve", "--max-body-size", "lots"], "max_body_size"),
+    (["serve", "--port", "70000"], "port"),
+])
+def test_bad_options_fail_before_serving(argv: list[str], message: str, capsys) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
