@@ -7,9 +7,9 @@ kernels issue; until then every device uses the torch reference, which is also t
 from __future__ import annotations
 
 from kernels.kv_store import store_kv_ref
-from kernels.paged_attention import paged_attention_ref
+from kernels.paged_attention import AttentionPlan, paged_attention_ref, plan_attention
 
 store_kv = store_kv_ref
 paged_attention = paged_attention_ref
 
-__all__ = ["paged_attention", "paged_attention_ref", "store_kv", "store_kv_ref"]
+__all__ = ["AttentionPlan", "paged_attention", "paged_attention_ref", "plan_attention", "store_kv", "store_kv_ref"]

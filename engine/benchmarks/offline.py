@@ -63,11 +63,11 @@ def run_draftgate(llm: LLM, workload: Workload) -> float:
     return elapsed
 
 
-def run_transformers(workload: Workload, batch_size: int) -> float:
+def run_transformers(workload: Workload, batch_size: int, dtype: torch.dtype) -> float:
     from transformers import AutoModelForCausalLM
 
     folder, name = os.path.split(embedded_gguf_path())
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
     model.eval()
     pad_id = 0
     order = list(range(len(workload.prompts)))
@@ -110,59 +110,68 @@ def ttft(llm: LLM, prompt: list[int], repeats: int) -> float:
     return statistics.median(samples)
 
 
-def main() -> None:
+def default_dtypes() -> list[str]:
+    from engine.worker.model_runner import cpu_has_amx_bf16
+
+    return ["float32", "bfloat16"] if cpu_has_amx_bf16() else ["float32"]
+
+
+def measure_dtype(dtype: str, args: argparse.Namespace) -> list[str]:
+    """One dtype: draftgate's throughput, decode and TTFT, then transformers' throughput."""
+    llm = LLM(dtype=dtype)
+    workload = make_workload(args.num_requests, args.min_len, args.max_len, llm.engine.vocab_size, args.seed)
+    # Warm-up: first-call allocations and lazy initialisation, outside every timing.
+    llm.generate([workload.prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    ours_seconds = run_draftgate(llm, workload)
+    decode_tps = single_stream_decode(llm, args.decode_tokens)
+    long_prompt = [random.Random(1).randrange(100, llm.engine.vocab_size) for _ in range(args.ttft_prompt_len)]
+    colds = []
+    for _ in range(3):
+        llm.reset_prefix_cache()
+        colds.append(ttft(llm, long_prompt, repeats=1))
+    cold = statistics.median(colds)
+    cached = ttft(llm, long_prompt, repeats=5)
+    del llm
+    tokens = workload.num_output_tokens
+    hf_seconds = None if args.skip_transformers else run_transformers(workload, args.hf_batch_size, getattr(torch, dtype))
+    ratio = f"**{hf_seconds / ours_seconds:.2f}x**" if hf_seconds else "-"
+    hf_cell = f"{tokens / hf_seconds:.1f}" if hf_seconds else "-"
+    return [f"| {dtype} | {tokens / ours_seconds:.1f} | {hf_cell} | {ratio} | {decode_tps:.1f} | "
+            f"{cold * 1000:.0f} | {cached * 1000:.0f} | {cached / cold:.3f} |"]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--min-len", type=int, default=32)
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--hf-batch-size", type=int, default=64, help="transformers generate() batch size")
+    parser.add_argument("--dtypes", default=None,
+                        help="comma-separated; default float32, plus bfloat16 when the CPU has AMX")
+    parser.add_argument("--decode-tokens", type=int, default=256, help="single-stream decode length")
+    parser.add_argument("--ttft-prompt-len", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    dtypes = args.dtypes.split(",") if args.dtypes else default_dtypes()
 
-    llm = LLM()
-    workload = make_workload(args.num_requests, args.min_len, args.max_len, llm.engine.vocab_size, args.seed)
-    # Warm-up: first-call allocations and lazy initialisation, outside every timing.
-    llm.generate([workload.prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-
-    ours_seconds = run_draftgate(llm, workload)
-    decode_tps = single_stream_decode(llm)
-    long_prompt = [random.Random(1).randrange(100, llm.engine.vocab_size) for _ in range(1000)]
-    llm.reset_prefix_cache()
-    cold = ttft(llm, long_prompt, repeats=1)
-    cached = ttft(llm, long_prompt, repeats=5)
-    colds = [cold]
-    for _ in range(2):
-        llm.reset_prefix_cache()
-        colds.append(ttft(llm, long_prompt, repeats=1))
-    cold = statistics.median(colds)
-    del llm
-
-    hf_seconds = None if args.skip_transformers else run_transformers(workload, args.hf_batch_size)
-
-    tokens = workload.num_output_tokens
-    rows = [("draftgate LLM.generate", ours_seconds, tokens / ours_seconds)]
-    if hf_seconds is not None:
-        rows.append((f"transformers generate() (batch {args.hf_batch_size}, padded)", hf_seconds, tokens / hf_seconds))
+    rows = []
+    for dtype in dtypes:
+        rows += measure_dtype(dtype, args)
     lines = [
-        f"Workload: {args.num_requests} requests, random prompt and output lengths {args.min_len}-{args.max_len} "
-        f"(seed {args.seed}), ignore_eos, greedy; {tokens} output tokens. Embedded SmolLM2-135M-Instruct, fp32.",
+        f"Workload: {args.num_requests} requests of random token ids, prompt and output lengths uniform in "
+        f"{args.min_len}-{args.max_len} (seed {args.seed}), ignore_eos, greedy, all submitted at once. "
+        "Embedded SmolLM2-135M-Instruct; transformers loads the same GGUF with its own loader and runs "
+        f"generate() in batches of {args.hf_batch_size} with left padding (only requested tokens count). "
+        f"Single-stream decode: one request, 32-token prompt, {args.decode_tokens} tokens, timed first to last "
+        f"token. TTFT: a {args.ttft_prompt_len}-token prompt with max_tokens=1, cold (prefix cache reset, median of 3) and again "
+        "with its prefix cached (median of 5).",
         "",
-        "| system | seconds | output tokens/s |",
-        "|---|---:|---:|",
-    ]
-    lines += [f"| {name} | {secs:.1f} | {tps:.1f} |" for name, secs, tps in rows]
-    if hf_seconds is not None:
-        lines += ["", f"Throughput ratio draftgate / transformers: **{hf_seconds / ours_seconds:.2f}x**"]
-    lines += [
-        "",
-        "| measure | value |",
-        "|---|---:|",
-        f"| single-stream decode | {decode_tps:.1f} tokens/s |",
-        f"| TTFT, 1,000-token prompt, cold (median of 3) | {cold * 1000:.0f} ms |",
-        f"| TTFT, same prompt, prefix cached (median of 5) | {cached * 1000:.0f} ms |",
-        f"| cached / cold | {cached / cold:.3f} |",
+        "| dtype | draftgate tokens/s | transformers tokens/s | ratio | single-stream decode tokens/s "
+        "| TTFT cold ms | TTFT cached ms | cached / cold |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
     ]
     table = "\n".join(lines)
     print(table)

@@ -7,7 +7,8 @@ then each query attends to its request's first seq_lens[i] cached tokens, causal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -23,6 +24,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     max_query_len: int
     max_seq_len: int
+    # Shape-only precomputation shared by every layer of the step (kernels.plan_attention),
+    # keyed by sliding window; filled lazily by the attention layers.
+    plans: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def num_reqs(self) -> int:

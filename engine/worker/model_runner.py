@@ -44,9 +44,17 @@ def resolve_device(device_config: DeviceConfig) -> torch.device:
 
 def resolve_dtype(model_config: ModelConfig, device: torch.device) -> torch.dtype:
     if model_config.dtype == "auto":
-        # fp32 is faster than bf16 on CPUs without native bf16 (like this project's machine).
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16
+        # With AMX tiles (Sapphire Rapids and later), oneDNN's bf16 matmuls run 3-6x faster than
+        # fp32 at batch sizes 8-512; without native bf16, fp32 is the faster choice.
+        return torch.bfloat16 if cpu_has_amx_bf16() else torch.float32
     return _DTYPES[model_config.dtype]
+
+
+def cpu_has_amx_bf16() -> bool:
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe and probe())
 
 
 class ModelRunner:

@@ -29,7 +29,7 @@ def hf():
 
 def test_tokens_and_greedy_continuations_match_transformers(hf) -> None:
     tokenizer, model = hf
-    llm = LLM(kv_cache_memory="128MiB")
+    llm = LLM(kv_cache_memory="128MiB", dtype="float32")
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
     for prompt, out in zip(PROMPTS, outs):
         ids = tokenizer(prompt, return_tensors="pt").input_ids

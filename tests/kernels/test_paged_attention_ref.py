@@ -129,3 +129,11 @@ def test_store_kv_writes_each_slot() -> None:
     v_half = torch.zeros_like(k_half)
     store_kv_ref(key, value, k_half, v_half, slots)
     assert torch.equal(k_half[0, :, 0], key[0].to(torch.bfloat16))
+
+
+def test_segmented_decode_with_sliding_window() -> None:
+    # Enough decode rows for the segmented path; windows that start mid-block and past block 0.
+    run_case([1] * 6, [2, 5, 9, 14, 21, 33], num_heads=6, num_kv_heads=2, head_dim=8, block_size=4,
+             sliding_window=6, seed=11)
+    # The same rows through the one-SDPA-per-row path (too few rows to segment).
+    run_case([1] * 2, [14, 33], num_heads=6, num_kv_heads=2, head_dim=8, block_size=4, sliding_window=6, seed=12)

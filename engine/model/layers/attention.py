@@ -31,5 +31,9 @@ class PagedAttention(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        plan = meta.plans.get(self.sliding_window)
+        if plan is None:
+            plan = meta.plans[self.sliding_window] = kernels.plan_attention(
+                meta.block_table, meta.query_start_loc_cpu, meta.seq_lens_cpu, k_cache.shape[2], self.sliding_window)
         return kernels.paged_attention(q, k_cache, v_cache, meta.block_table, meta.query_start_loc_cpu,
-                                       meta.seq_lens_cpu, self.scale, self.sliding_window)
+                                       meta.seq_lens_cpu, self.scale, self.sliding_window, plan=plan)
