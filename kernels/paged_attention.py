@@ -87,13 +87,15 @@ def paged_attention_ref(
     scale: float,
     sliding_window: int | None = None,
     plan: AttentionPlan | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, num_kv_heads, block_size] fp32, fp8 caches only
+    v_scale: torch.Tensor | None = None,  # [num_blocks, num_kv_heads, block_size] fp32, fp8 caches only
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     block_size = k_cache.shape[2]
     if plan is None:
         plan = plan_attention(block_table, query_start_loc, seq_lens, block_size, sliding_window)
     out = torch.empty_like(query)
     if plan.decode is not None:
-        _decode(query, k_cache, v_cache, plan.decode, scale, out)
+        _decode(query, k_cache, v_cache, plan.decode, scale, out, k_scale, v_scale)
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[3]
     for i, block_ids in zip(plan.sdpa_rows, plan.sdpa_block_ids):
         start, end = query_start_loc[i], query_start_loc[i + 1]
@@ -101,12 +103,14 @@ def paged_attention_ref(
         first_key = _first_key(seq_len, query_len, sliding_window) // block_size * block_size
         num_keys = seq_len - first_key
         # [blocks, kv_heads, block_size, head_dim] -> [kv_heads, keys, head_dim]
-        k = gather_blocks(k_cache, block_ids).transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :num_keys]
-        v = gather_blocks(v_cache, block_ids).transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :num_keys]
+        k = gather_kv(k_cache, k_scale, block_ids, query.dtype)
+        v = gather_kv(v_cache, v_scale, block_ids, query.dtype)
+        k = k.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :num_keys]
+        v = v.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, :num_keys]
         o = F.scaled_dot_product_attention(
             query[start:end].transpose(0, 1).unsqueeze(0),  # [1, num_heads, query_len, head_dim]
-            k.unsqueeze(0).to(query.dtype),
-            v.unsqueeze(0).to(query.dtype),
+            k.unsqueeze(0),
+            v.unsqueeze(0),
             attn_mask=_causal_mask(query_len, seq_len, first_key, sliding_window, query.device),
             scale=scale,
             enable_gqa=True,
@@ -121,6 +125,20 @@ def gather_blocks(
 ) -> torch.Tensor:  # [n, kv_heads, block_size, head_dim]
     # One contiguous row per block: the copy is a plain row gather.
     return cache.view(cache.shape[0], -1).index_select(0, block_ids).view(-1, *cache.shape[1:])
+
+
+def gather_kv(
+    cache: torch.Tensor,  # [num_blocks, kv_heads, block_size, head_dim]
+    scales: torch.Tensor | None,  # [num_blocks, kv_heads, block_size] fp32 for fp8 caches, else None
+    block_ids: torch.Tensor,  # [n] int64
+    dtype: torch.dtype,
+) -> torch.Tensor:  # [n, kv_heads, block_size, head_dim] in dtype
+    """Gathered blocks in the compute dtype; fp8 blocks are dequantized with their scales."""
+    blocks = gather_blocks(cache, block_ids)
+    if scales is None:
+        return blocks.to(dtype)
+    block_scales = scales.view(scales.shape[0], -1).index_select(0, block_ids).view(-1, *scales.shape[1:])
+    return (blocks.float() * block_scales.unsqueeze(-1)).to(dtype)
 
 
 def _first_key(seq_len: int, query_len: int, sliding_window: int | None) -> int:
@@ -169,13 +187,14 @@ def _plan_decode(block_table, query_start_loc, seq_lens, rows, block_size, slidi
     )
 
 
-def _decode(query, k_cache, v_cache, plan: DecodePlan, scale: float, out: torch.Tensor) -> None:
+def _decode(query, k_cache, v_cache, plan: DecodePlan, scale: float, out: torch.Tensor,
+            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     """Single-token queries over exactly their own blocks (see the module docstring)."""
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[3]
     group = query.shape[1] // num_kv_heads
     n, owner = plan.num_rows, plan.owner
-    k = gather_blocks(k_cache, plan.block_ids).to(query.dtype)  # [nfb, kv_heads, block_size, head_dim]
-    v = gather_blocks(v_cache, plan.block_ids).to(query.dtype)
+    k = gather_kv(k_cache, k_scale, plan.block_ids, query.dtype)  # [nfb, kv_heads, block_size, head_dim]
+    v = gather_kv(v_cache, v_scale, plan.block_ids, query.dtype)
     q = query.index_select(0, plan.token_index).view(n, num_kv_heads, group, head_dim)
     q = q.index_select(0, owner)  # [nfb, kv_heads, group, head_dim]
     scores = torch.matmul(q, k.transpose(-1, -2)).float()  # [nfb, kv_heads, group, block_size]

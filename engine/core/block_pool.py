@@ -200,4 +200,4 @@ class BlockPool:
     @property
     def usage(self) -> float:
         """Fraction of blocks in use by some request, in [0, 1]."""
-        return 1.0 - self.free_block_queue.num_free_blocks / self.num_blocks
+        return (self.num_blocks - self.free_block_queue.num_free_blocks) / self.num_blocks

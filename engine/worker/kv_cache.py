@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.kv_store import FP8KVCache
+
 # CPU default when no budget is configured: a quarter of available memory, at most 4 GiB.
 _CPU_DEFAULT_MAX_BYTES = 4 << 30
 
@@ -22,12 +24,29 @@ class KVCacheSpec:
     num_kv_heads: int
     head_dim: int
     block_size: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's dtype
+    # What the cache stores: None (the model dtype) or torch.float8_e4m3fn, which adds a float32
+    # scale per stored (token, kv head) vector (kernels/kv_store.py).
+    cache_dtype: torch.dtype | None = None
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return self.cache_dtype or self.dtype
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.storage_dtype == torch.float8_e4m3fn
 
     @property
     def bytes_per_block(self) -> int:
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element_size
+        element_size = torch.empty((), dtype=self.storage_dtype).element_size()
+        bytes_per_vector = self.head_dim * element_size + (4 if self.is_fp8 else 0)
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * bytes_per_vector
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str) -> torch.dtype | None:
+    """CacheConfig.kv_cache_dtype -> KVCacheSpec.cache_dtype."""
+    return torch.float8_e4m3fn if kv_cache_dtype == "fp8" else None
 
 
 def cpu_available_bytes() -> int:
@@ -42,11 +61,13 @@ def cpu_available_bytes() -> int:
     return 8 << 30
 
 
-def num_blocks_for_budget(spec: KVCacheSpec, budget_bytes: int) -> int:
-    num_blocks = budget_bytes // spec.bytes_per_block
+def num_blocks_for_budget(spec: KVCacheSpec, budget_bytes: int, extra_bytes_per_block: int = 0) -> int:
+    """extra_bytes_per_block: what each block costs beyond this spec (a draft model's pool)."""
+    bytes_per_block = spec.bytes_per_block + extra_bytes_per_block
+    num_blocks = budget_bytes // bytes_per_block
     if num_blocks < 1:
         raise ValueError(
-            f"kv_cache_memory_bytes ({budget_bytes}) is smaller than one KV block ({spec.bytes_per_block} bytes)"
+            f"kv_cache_memory_bytes ({budget_bytes}) is smaller than one KV block ({bytes_per_block} bytes)"
         )
     return num_blocks
 
@@ -70,13 +91,20 @@ def cuda_budget_bytes(device: torch.device, gpu_memory_utilization: float, peak_
     return budget
 
 
-def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> list[torch.Tensor]:
-    """One [2, num_blocks, num_kv_heads, block_size, head_dim] view per layer."""
+def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int,
+                       device: torch.device) -> list[torch.Tensor] | list[FP8KVCache]:
+    """One [2, num_blocks, num_kv_heads, block_size, head_dim] view per layer; for an fp8 spec,
+    one FP8KVCache (that view in float8_e4m3fn plus its [2, num_blocks, num_kv_heads,
+    block_size] float32 scales) per layer."""
     # zeros, not empty: attention reads padded key slots of the last block (masked out, but a
     # NaN from uninitialised memory times a zero weight is still NaN).
     storage = torch.zeros(
         (spec.num_layers, 2, num_blocks, spec.num_kv_heads, spec.block_size, spec.head_dim),
-        dtype=spec.dtype,
+        dtype=spec.storage_dtype,
         device=device,
     )
-    return list(storage.unbind(0))
+    if not spec.is_fp8:
+        return list(storage.unbind(0))
+    scales = torch.zeros((spec.num_layers, 2, num_blocks, spec.num_kv_heads, spec.block_size),
+                         dtype=torch.float32, device=device)
+    return [FP8KVCache(data, layer_scales) for data, layer_scales in zip(storage.unbind(0), scales.unbind(0))]

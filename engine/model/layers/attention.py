@@ -26,14 +26,22 @@ class PagedAttention(nn.Module):
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        kv_cache: torch.Tensor,  # [2, num_blocks, num_kv_heads, block_size, head_dim]
+        # [2, num_blocks, num_kv_heads, block_size, head_dim], or an FP8KVCache holding that in
+        # float8 plus its [2, num_blocks, num_kv_heads, block_size] scales
+        kv_cache: torch.Tensor | kernels.FP8KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        k_scale = v_scale = None
+        if isinstance(kv_cache, kernels.FP8KVCache):
+            k_scale, v_scale = kv_cache.scales[0], kv_cache.scales[1]
+            kv_cache = kv_cache.data
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         plan = meta.plans.get(self.sliding_window)
         if plan is None:
             plan = meta.plans[self.sliding_window] = kernels.plan_attention(
-                meta.block_table, meta.query_start_loc_cpu, meta.seq_lens_cpu, k_cache.shape[2], self.sliding_window)
+                meta.block_table, meta.query_start_loc_cpu, meta.seq_lens_cpu, k_cache.shape[2], self.sliding_window,
+                num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
         return kernels.paged_attention(q, k_cache, v_cache, meta.block_table, meta.query_start_loc_cpu,
-                                       meta.seq_lens_cpu, self.scale, self.sliding_window, plan=plan)
+                                       meta.seq_lens_cpu, self.scale, self.sliding_window, plan=plan,
+                                       k_scale=k_scale, v_scale=v_scale)

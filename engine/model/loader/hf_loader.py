@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -13,6 +14,7 @@ from tqdm import tqdm
 
 from engine.model.arch_config import ArchConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.model.loader.gptq_awq import load_gptq_awq_model
 from engine.model.loader.weight_placer import WeightPlacer
 
 logger = logging.getLogger(__name__)
@@ -57,15 +59,23 @@ def safetensors_files(folder: str) -> dict[str, list[str]]:
 
 
 def load_hf_model(folder: str, dtype: torch.dtype, device: torch.device, *,
-                  progress: bool = True) -> tuple[LlamaForCausalLM, ArchConfig]:
-    arch = ArchConfig.from_hf_config(read_hf_config(folder))
+                  progress: bool = True, provided: Mapping[str, torch.Tensor] | None = None,
+                  ) -> tuple[LlamaForCausalLM, ArchConfig]:
+    """provided: tensors by checkpoint name that the model shares instead of reading them (a
+    draft model's embedding taken from its target)."""
+    config = read_hf_config(folder)
+    arch = ArchConfig.from_hf_config(config)
     files = safetensors_files(folder)
     has_lm_head = any("lm_head.weight" in names for names in files.values())
     if not arch.tie_word_embeddings and not has_lm_head:
         # Checkpoints of tied models often omit lm_head without saying so in config.json.
         arch = replace(arch, tie_word_embeddings=True)
+    if config.get("quantization_config"):  # GPTQ / AWQ int4 checkpoints
+        return load_gptq_awq_model(folder, config, files, arch, dtype, device, progress=progress)
     model = LlamaForCausalLM(arch, dtype=dtype, device=device)
     placer = WeightPlacer(model)
+    for name, tensor in (provided or {}).items():
+        placer.adopt(name, tensor, source=f"provided {name!r}")
     total = sum(len(names) for names in files.values())
     ignored: list[str] = []
     with tqdm(total=total, desc=f"loading {os.path.basename(folder.rstrip('/'))}", unit="tensor",

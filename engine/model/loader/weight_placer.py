@@ -91,5 +91,15 @@ class WeightPlacer:
         self._targets[name].param.copy_(tensor)
         self._placed.add(name)
 
+    def adopt(self, name: str, tensor: torch.Tensor, *, source: str) -> None:
+        """Makes the parameter share `tensor`'s storage instead of copying it (a draft model
+        using its target's embedding). Same shape, dtype and device required."""
+        self.check_shape(name, tuple(tensor.shape), source=source)
+        param = self._targets[name].param
+        if tensor.dtype != param.dtype or tensor.device != param.device:
+            raise ValueError(f"{source} is {tensor.dtype} on {tensor.device}, the model is {param.dtype} on {param.device}")
+        param.data = tensor
+        self._placed.add(name)
+
     def missing(self) -> list[str]:
         return [name for name in self._targets if name not in self._placed]

@@ -1,0 +1,130 @@
+"""Execution forms of a linear layer, swapped in after loading (engine/model/quantization.py).
+
+Each is built from a loaded `Linear` (or the lm_head's weight) and computes the same y = x W^T + b
+through a faster kernel: a oneDNN-prepacked bf16 weight on CPU, or a weight-only quantized one
+(int8 per channel, int4 group-wise, fp8 per channel) through kernels.quant_matmul, which picks
+Triton on CUDA and torch's packed CPU kernels on CPU. They keep Linear's shape attributes
+(input_size, output_sizes, output_size) and drop the full-precision weight, which is the point.
+
+float_output=True makes a layer return float32, as the lm_head does (LMHead's contract).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.onednn_linear import onednn_linear, prepack_bf16
+from kernels.quant_matmul import (
+    Fp8Weight,
+    Int4Weight,
+    Int8Weight,
+    fp8_linear,
+    int4_linear,
+    int8_linear,
+    prepare_fp8,
+    prepare_int4,
+    prepare_int8,
+)
+from kernels.quant_ref import int4_group_size_for, quantize_fp8, quantize_int4, quantize_int8
+
+
+class _ExecutionLinear(nn.Module):
+    """Shape bookkeeping shared by the execution forms."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: torch.Tensor | None,
+                 float_output: bool) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_sizes = list(output_sizes)
+        self.output_size = sum(output_sizes)
+        self.float_output = float_output
+        # [output_size]; a buffer so that it follows the module, None without a bias
+        self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
+
+    def _finish(self, y: torch.Tensor) -> torch.Tensor:  # [num_tokens, output_size]
+        return y.float() if self.float_output else y
+
+    def _stored(self) -> list[torch.Tensor]:
+        stored = getattr(self, "weight_q", None)
+        return [t for t in vars(stored).values() if isinstance(t, torch.Tensor)] if stored is not None else []
+
+    def stored_bytes(self) -> int:
+        """Bytes a forward reads for the weight (and bias): what bandwidth estimates count."""
+        tensors = self._stored() + ([self.bias] if self.bias is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}"
+
+
+class PackedBF16Linear(_ExecutionLinear):
+    """bf16 weight prepacked once for oneDNN (CPU only; see kernels/onednn_linear.py)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
+                 *, float_output: bool = False) -> None:  # weight: [N, K] bfloat16 on CPU
+        super().__init__(weight.shape[1], output_sizes or [weight.shape[0]], bias, float_output)
+        # An opaque oneDNN tensor: kept as a plain attribute, not a buffer (it has no storage
+        # that state_dict or .to() could handle).
+        self.packed = prepack_bf16(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, K] -> [num_tokens, N]
+        return self._finish(onednn_linear(x, self.packed, self.bias))
+
+    def _stored(self) -> list[torch.Tensor]:
+        return [self.packed]
+
+
+class Int8Linear(_ExecutionLinear):
+    """Weight-only int8, one scale per output channel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
+                 *, float_output: bool = False) -> None:  # weight: [N, K]
+        super().__init__(weight.shape[1], output_sizes or [weight.shape[0]], bias, float_output)
+        q, scales = quantize_int8(weight)
+        self.weight_q: Int8Weight = prepare_int8(q, scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._finish(int8_linear(x, self.weight_q, self.bias))
+
+
+class Int4Linear(_ExecutionLinear):
+    """Weight-only int4, asymmetric per group of `group_size` input channels."""
+
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
+                 *, group_size: int = 128, float_output: bool = False,
+                 quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 input_size: int | None = None) -> None:
+        """Either `weight` ([N, K] float, quantized here with the largest group size <=
+        group_size dividing K) or `quantized` = (qweight [N, K//2] uint8, scales [N, G],
+        zeros [N, G]) already in kernels.quant_ref's format (GPTQ/AWQ checkpoints) with
+        input_size and the exact group_size."""
+        if quantized is None:
+            assert weight is not None
+            input_size = weight.shape[1]
+            group_size = int4_group_size_for(input_size, group_size)
+            quantized = quantize_int4(weight, group_size)
+        qweight, scales, zeros = quantized
+        assert input_size is not None
+        super().__init__(input_size, output_sizes or [qweight.shape[0]], bias, float_output)
+        self.group_size = group_size
+        self.weight_q: Int4Weight = prepare_int4(qweight, scales, zeros, group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._finish(int4_linear(x, self.weight_q, self.bias))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", group_size={self.group_size}"
+
+
+class Fp8Linear(_ExecutionLinear):
+    """Weight-only fp8 (e4m3), one scale per output channel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
+                 *, float_output: bool = False) -> None:  # weight: [N, K]
+        super().__init__(weight.shape[1], output_sizes or [weight.shape[0]], bias, float_output)
+        q, scales = quantize_fp8(weight)
+        self.weight_q: Fp8Weight = prepare_fp8(q, scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._finish(fp8_linear(x, self.weight_q, self.bias))

@@ -1,0 +1,149 @@
+"""Tensor-level entry points of the compiled CPU kernels (ctypes over the library's C ABI).
+
+The C functions take raw pointers, strides and sizes; this module checks what C cannot
+(devices, dtypes, layouts), passes each tensor's address and turns the library's error codes
+into ValueError. ctypes releases the GIL for the duration of every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_ERROR_LEN = 512
+
+_i32, _i64, _ptr, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
+_ATTENTION_ARGS = [
+    _ptr, _i32, _i64, _i64,  # query, dtype, token stride, head stride
+    _ptr, _ptr, _i32, _ptr,  # k_cache, v_cache, cache dtype, out
+    _ptr, _i64, _i64,  # block_table, row stride, max blocks per request
+    _ptr, _ptr, _i64, _i64,  # query_start_loc, seq_lens, num_reqs, num_tokens
+    _i64, _i64, _i64, _i64, _i64,  # num_heads, num_kv_heads, head_dim, num_blocks, block_size
+    _f64, _i64, _i32,  # scale, sliding_window (0: none), num_threads
+    ctypes.c_char_p, _i64,  # error buffer, its length
+]
+_STORE_ARGS = [
+    _ptr, _i32, _i64, _i64,  # key, dtype, token stride, head stride
+    _ptr, _i32, _i64, _i64,  # value, dtype, token stride, head stride
+    _ptr, _ptr, _i32,  # k_cache, v_cache, cache dtype
+    _ptr, _i64, _i64, _i64, _i64, _i64,  # slot_mapping, num_tokens, num_kv_heads, head_dim, num_blocks, block_size
+    ctypes.c_char_p, _i64,  # error buffer, its length
+]
+
+
+@dataclass(frozen=True)
+class CpuAttentionPlan:
+    """What the compiled kernel needs of a step's shape, converted once and shared by every
+    layer (the compiled kernel plans its own work items per call, in microseconds)."""
+
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32, on the CPU
+    seq_lens: torch.Tensor  # [num_reqs] int32, on the CPU
+    sliding_window: int | None
+
+
+class CpuKernels:
+    """The loaded library. Every method expects CPU tensors that `supports_*` accepted."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lib = ctypes.CDLL(str(path))
+        self._attention = self._lib.draftgate_paged_attention
+        self._attention.argtypes = _ATTENTION_ARGS
+        self._attention.restype = ctypes.c_int
+        self._store = self._lib.draftgate_store_kv
+        self._store.argtypes = _STORE_ARGS
+        self._store.restype = ctypes.c_int
+
+    # ---- what the compiled path handles (the dispatcher uses the reference otherwise) ----
+    @staticmethod
+    def supports_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+        return (query.device.type == "cpu" and query.dtype in _DTYPE_CODES and k_cache.dtype in _DTYPE_CODES
+                and v_cache.dtype == k_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+                and k_cache.device.type == "cpu" and v_cache.device.type == "cpu")
+
+    @staticmethod
+    def supports_store(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+        # The caches are written in place, so they must be the real (contiguous) storage.
+        return (CpuKernels.supports_attention(key, k_cache, v_cache) and value.dtype in _DTYPE_CODES
+                and value.device.type == "cpu")
+
+    def plan(self, query_start_loc: list[int], seq_lens: list[int], sliding_window: int | None) -> CpuAttentionPlan:
+        return CpuAttentionPlan(torch.tensor(query_start_loc, dtype=torch.int32),
+                                torch.tensor(seq_lens, dtype=torch.int32), sliding_window)
+
+    def paged_attention(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, num_kv_heads, block_size, head_dim]
+        v_cache: torch.Tensor,  # [num_blocks, num_kv_heads, block_size, head_dim]
+        block_table: torch.Tensor,  # [num_reqs, max_blocks_per_req] int32
+        query_start_loc: list[int],
+        seq_lens: list[int],
+        scale: float,
+        sliding_window: int | None = None,
+        plan: CpuAttentionPlan | None = None,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query's dtype
+        """Same contract as kernels.paged_attention.paged_attention_ref."""
+        if plan is None or plan.sliding_window != sliding_window:
+            plan = self.plan(query_start_loc, seq_lens, sliding_window)
+        num_tokens, num_heads, head_dim = query.shape
+        num_blocks, num_kv_heads, block_size, cache_head_dim = k_cache.shape
+        if cache_head_dim != head_dim or v_cache.shape != k_cache.shape:
+            raise ValueError(f"query head_dim {head_dim} and caches {tuple(k_cache.shape)}, "
+                             f"{tuple(v_cache.shape)} do not match")
+        num_reqs = plan.seq_lens.shape[0]
+        if plan.query_start_loc.shape[0] != num_reqs + 1 or block_table.shape[0] < num_reqs:
+            raise ValueError(f"query_start_loc needs {num_reqs + 1} entries and block_table {num_reqs} rows")
+        if query.stride(2) != 1:
+            query = query.contiguous()
+        if block_table.dtype != torch.int32 or block_table.stride(1) != 1 or block_table.device.type != "cpu":
+            block_table = block_table.to(device="cpu", dtype=torch.int32).contiguous()
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
+        out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype)
+        error = ctypes.create_string_buffer(_ERROR_LEN)
+        status = self._attention(
+            query.data_ptr(), _DTYPE_CODES[query.dtype], query.stride(0), query.stride(1),
+            k_cache.data_ptr(), v_cache.data_ptr(), _DTYPE_CODES[k_cache.dtype], out.data_ptr(),
+            block_table.data_ptr(), block_table.stride(0), block_table.shape[1],
+            plan.query_start_loc.data_ptr(), plan.seq_lens.data_ptr(), num_reqs, num_tokens,
+            num_heads, num_kv_heads, head_dim, num_blocks, block_size,
+            scale, sliding_window or 0, torch.get_num_threads(), error, _ERROR_LEN,
+        )
+        if status != 0:
+            raise ValueError(f"paged_attention: {error.value.decode()}")
+        return out
+
+    def store_kv(
+        self,
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, num_kv_heads, block_size, head_dim]
+        v_cache: torch.Tensor,  # [num_blocks, num_kv_heads, block_size, head_dim]
+        slot_mapping: torch.Tensor,  # [num_tokens] int64
+    ) -> None:
+        """Same contract as kernels.kv_store.store_kv_ref; an out-of-range slot raises ValueError."""
+        num_blocks, num_kv_heads, block_size, head_dim = k_cache.shape
+        num_tokens = key.shape[0]
+        if key.shape != (num_tokens, num_kv_heads, head_dim) or value.shape != key.shape:
+            raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be "
+                             f"[{num_tokens}, {num_kv_heads}, {head_dim}] for a cache of {tuple(k_cache.shape)}")
+        if slot_mapping.shape != (num_tokens,):
+            raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} must have one entry per token ({num_tokens})")
+        key = key if key.stride(2) == 1 else key.contiguous()
+        value = value if value.stride(2) == 1 else value.contiguous()
+        slot_mapping = slot_mapping.to(device="cpu", dtype=torch.int64).contiguous()
+        error = ctypes.create_string_buffer(_ERROR_LEN)
+        status = self._store(
+            key.data_ptr(), _DTYPE_CODES[key.dtype], key.stride(0), key.stride(1),
+            value.data_ptr(), _DTYPE_CODES[value.dtype], value.stride(0), value.stride(1),
+            k_cache.data_ptr(), v_cache.data_ptr(), _DTYPE_CODES[k_cache.dtype],
+            slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_dim, num_blocks, block_size,
+            error, _ERROR_LEN,
+        )
+        if status != 0:
+            raise ValueError(f"store_kv: {error.value.decode()}")

@@ -1,0 +1,80 @@
+"""The CPU dispatch of kernels/quant_matmul.py (torch's packed int8/int4 kernels, bf16 compute)
+and the oneDNN-prepacked bf16 linear, against the references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.onednn_linear import onednn_bf16_available, onednn_linear, prepack_bf16
+from kernels.quant_matmul import fp8_linear, int4_linear, int8_linear, prepare_fp8, prepare_int4, prepare_int8
+from kernels.quant_ref import (
+    fp8_linear_ref,
+    int4_linear_ref,
+    int8_linear_ref,
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+)
+
+
+def _data(m: int, n: int = 96, k: int = 256, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=generator), torch.randn(m, k, generator=generator), torch.randn(n, generator=generator)
+
+
+def _close_in_bf16(out: torch.Tensor, expected: torch.Tensor) -> None:
+    # bf16 activations and weights' dequantized values: about 2^-8 relative per product.
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(out.float(), expected.float(), atol=0.02 * scale, rtol=0.02)
+
+
+@pytest.mark.parametrize("m", [1, 7, 33])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_cpu(m: int, dtype: torch.dtype) -> None:
+    weight, x, bias = _data(m)
+    q, scales = quantize_int8(weight)
+    out = int8_linear(x.to(dtype), prepare_int8(q, scales), bias)
+    assert out.dtype == dtype and out.shape == (m, 96)
+    _close_in_bf16(out, int8_linear_ref(x, q, scales, bias))
+
+
+@pytest.mark.parametrize("m", [1, 7, 33])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_int4_cpu(m: int, group_size: int) -> None:
+    weight, x, bias = _data(m)
+    qweight, scales, zeros = quantize_int4(weight, group_size)
+    out = int4_linear(x.bfloat16(), prepare_int4(qweight, scales, zeros, group_size), bias)
+    assert out.dtype == torch.bfloat16
+    _close_in_bf16(out, int4_linear_ref(x, qweight, scales, zeros, group_size, bias))
+
+
+def test_int4_cpu_float32_input_comes_back_float32() -> None:
+    weight, x, _ = _data(3)
+    qweight, scales, zeros = quantize_int4(weight, 64)
+    out = int4_linear(x, prepare_int4(qweight, scales, zeros, 64))
+    assert out.dtype == torch.float32
+    _close_in_bf16(out, int4_linear_ref(x, qweight, scales, zeros, 64))
+
+
+def test_fp8_cpu_is_the_reference() -> None:
+    weight, x, bias = _data(4)
+    q, scales = quantize_fp8(weight)
+    torch.testing.assert_close(fp8_linear(x, prepare_fp8(q, scales), bias), fp8_linear_ref(x, q, scales, bias))
+
+
+@pytest.mark.skipif(not onednn_bf16_available(), reason="needs oneDNN and a CPU with native bf16")
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_onednn_prepacked_bf16_equals_f_linear(m: int) -> None:
+    weight, x, bias = _data(m)
+    weight, x, bias = weight.bfloat16(), x.bfloat16(), bias.bfloat16()
+    packed = prepack_bf16(weight)
+    # Same products, same bf16 rounding of the fp32 accumulator: equal to F.linear's result
+    # up to the summation order inside the kernel.
+    torch.testing.assert_close(onednn_linear(x, packed, bias), F.linear(x, weight, bias), atol=2e-2, rtol=1e-2)
+
+
+def test_prepack_refuses_non_bf16() -> None:
+    with pytest.raises(ValueError, match="bfloat16"):
+        prepack_bf16(torch.zeros(4, 4))
