@@ -16,9 +16,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
@@ -45,6 +45,10 @@ class EngineClient(Protocol):
     """What the gateway needs from an engine.
 
     `generate` streams one request's deltas (n must be 1); the last delta has finish_reason set.
+    `extras` (session_id, retention, structured_output) are passed only when a request uses them,
+    so an engine without agent sessions or grammars serves everything else. Engines may also
+    expose `block_size` and `block_hash_seed` (their prefix-cache keys, for the gateway's
+    session and prefix diagnostics).
     It raises RequestRejectedError when the engine refuses the request and EngineDeadError when
     the engine is gone. Closing the iterator early must abort the request.
     """
@@ -58,7 +62,7 @@ class EngineClient(Protocol):
     def is_alive(self) -> bool: ...
 
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str,
-                 priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestDelta]: ...
+                 priority: int = 0, cache_salt: str | None = None, **extras: Any) -> AsyncIterator[RequestDelta]: ...
 
     async def abort(self, request_ids: list[str]) -> None: ...
 
@@ -74,6 +78,8 @@ class AsyncEngineClient:
         self.model_name = engine.info.model_name
         self.max_model_len = engine.info.max_model_len
         self.vocab_size = engine.info.vocab_size
+        self.block_size = engine.info.block_size
+        self.block_hash_seed = engine.info.block_hash_seed
 
     @classmethod
     @asynccontextmanager
@@ -93,9 +99,9 @@ class AsyncEngineClient:
         return self._engine.is_alive
 
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str,
-                 priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestDelta]:
+                 priority: int = 0, cache_salt: str | None = None, **extras: Any) -> AsyncIterator[RequestDelta]:
         return self._engine.generate(prompt_token_ids, params, request_id=request_id, priority=priority,
-                                     cache_salt=cache_salt)
+                                     cache_salt=cache_salt, **extras)
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._engine.abort(request_ids)
@@ -123,13 +129,15 @@ async def stream_choices(
     arrival: float,
     priority: int = 0,
     cache_salt: str | None = None,
+    extras: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[tuple[int, RequestDelta]]:
     """Yields (choice index, delta) for params.n completions of each prompt, as they come.
 
     Choice `p * n + j` is the j-th completion of prompt p. Each choice's last delta has
     finish_reason set. Errors (RequestRejectedError, EngineDeadError) propagate after the other
-    choices are aborted.
+    choices are aborted. extras: keyword arguments for every engine request (see EngineClient).
     """
+    extras = dict(extras or {})
     num_per_prompt = params.n
     num_choices = len(prompts) * num_per_prompt
     metrics.prompt_tokens.inc(sum(len(prompt) for prompt in prompts) * num_per_prompt)
@@ -137,7 +145,8 @@ async def stream_choices(
         child_id = f"{request_id}-0"
         ticket.engine_request_ids.append(child_id)
         timer = RequestTimer(metrics, arrival)
-        stream = engine.generate(prompts[0], params, request_id=child_id, priority=priority, cache_salt=cache_salt)
+        stream = engine.generate(prompts[0], params, request_id=child_id, priority=priority, cache_salt=cache_salt,
+                                 **extras)
         started = False
         async with contextlib.aclosing(stream):
             async for delta in stream:
@@ -158,7 +167,7 @@ async def stream_choices(
         timer = RequestTimer(metrics, arrival)
         try:
             stream = engine.generate(prompts[choice // num_per_prompt], child_params(params, choice % num_per_prompt),
-                                     request_id=child_id, priority=priority, cache_salt=cache_salt)
+                                     request_id=child_id, priority=priority, cache_salt=cache_salt, **extras)
             started = False
             async with contextlib.aclosing(stream):
                 async for delta in stream:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from litestar import Request
@@ -41,7 +41,8 @@ class ChoiceResult:
 
 class Generation:
     def __init__(self, state: GatewayState, engine: EngineClient, prompts: list[list[int]], params: SamplingParams,
-                 ticket: Ticket, *, request_id: str, arrival: float, priority: int, cache_salt: str | None) -> None:
+                 ticket: Ticket, *, request_id: str, arrival: float, priority: int, cache_salt: str | None,
+                 extras: Mapping[str, Any] | None = None) -> None:
         self.state = state
         self.engine = engine
         self.prompts = prompts
@@ -53,6 +54,10 @@ class Generation:
         self.cache_salt = cache_salt
         self.num_cached_tokens = 0
         self.num_generated_tokens = 0
+        # Engine request options beyond the basics (session_id, retention, structured_output).
+        self.extras = {key: value for key, value in (extras or {}).items() if value is not None}
+        # The first choice's generated token ids (the session records them for its next turn).
+        self.first_choice_token_ids: list[int] = []
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -70,6 +75,7 @@ class Generation:
         stream = stream_choices(
             self.engine, self.prompts, self.params, request_id=self.request_id, ticket=self.ticket,
             metrics=self.state.metrics, arrival=self.arrival, priority=self.priority, cache_salt=self.cache_salt,
+            extras=self.extras,
         )
         try:
             async with contextlib.aclosing(stream):
@@ -77,6 +83,8 @@ class Generation:
                     if delta.num_cached_tokens > self.num_cached_tokens:
                         self.num_cached_tokens = delta.num_cached_tokens
                     self.num_generated_tokens += len(delta.new_token_ids)
+                    if index == 0:
+                        self.first_choice_token_ids.extend(delta.new_token_ids)
                     if delta.finish_reason == "abort":
                         raise service_unavailable("The request was aborted: the server is shutting down")
                     yield index, delta
@@ -106,10 +114,13 @@ class Generation:
 
 
 def start_generation(state: GatewayState, engine: EngineClient, prompts: list[list[int]], params: SamplingParams, *,
-                     request_id: str, arrival: float, priority: int = 0, cache_salt: str | None = None) -> Generation:
+                     request_id: str, arrival: float, priority: int = 0, cache_salt: str | None = None,
+                     extras: Mapping[str, Any] | None = None) -> Generation:
     """Admits the request (429 / 503 when it cannot be) and prepares its engine requests.
 
     `prompts` holds one token list per prompt (several only for /v1/completions batches).
+    extras: engine request options (session_id, retention, structured_output); None values are
+    left out.
     """
     try:
         ticket = state.admission.admit(len(prompts) * params.n, sum(len(prompt) for prompt in prompts))
@@ -118,7 +129,7 @@ def start_generation(state: GatewayState, engine: EngineClient, prompts: list[li
             state.metrics.rejected.inc()
         raise
     return Generation(state, engine, prompts, params, ticket, request_id=request_id, arrival=arrival,
-                      priority=priority, cache_salt=cache_salt)
+                      priority=priority, cache_salt=cache_salt, extras=extras)
 
 
 class ClientDisconnected(Exception):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.core.block_pool import BlockPool, KVCacheBlock
+from engine.core.session_retention import SessionRetention
 
 if TYPE_CHECKING:
     from engine.request import Request
@@ -33,6 +34,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
+        # Agent sessions whose blocks are pinned while their tool runs (see session_retention.py).
+        self.retention = SessionRetention(self.block_pool)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # How many leading blocks of each request are already registered (or were hits), so each
         # allocation only looks at the blocks that just became full.
@@ -140,7 +143,13 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        return self.block_pool.usage
+        """Fraction of blocks held by requests. Blocks pinned only by session retention are left
+        out: like cached free blocks, they are given back before anyone is preempted."""
+        # In integers first, so that an idle engine reports exactly 0.
+        pool = self.block_pool
+        held = pool.num_blocks - pool.num_free_blocks - self.retention.num_retained_only_blocks
+        return held / pool.num_blocks
 
     def reset_prefix_cache(self) -> bool:
+        self.retention.release_all()
         return self.block_pool.reset_prefix_cache()

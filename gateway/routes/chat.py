@@ -12,6 +12,7 @@ from litestar.response import Stream
 
 from gateway.chat_prompt import ChatPrompt, render_chat_prompt_async, resolve_tool_choice
 from gateway.errors import APIError, bad_request, unprocessable
+from gateway.canonical.chat_request import canonical_conversation, forced_tool_call_spec, response_format_spec
 from gateway.generation import ChoiceResult, ClientDisconnected, Generation, start_generation, until_disconnect
 from gateway.logprobs import TokenTexts, chat_logprobs
 from gateway.routes.common import decode_body, gateway_state, json_response, new_id, unix_time
@@ -19,11 +20,18 @@ from gateway.sampling import SamplingRequest, build_sampling_params
 from gateway.schemas import openai_chat as oc
 from gateway.schemas.errors import openai_error_body
 from gateway.schemas.openai_common import make_usage
+from gateway.sessions import SessionTurn, open_turn, session_extras
 from gateway.streaming import DONE_FRAME, data_frame, raw_data_frame, sse_response
 from gateway.tools import ParsedDelta, ToolCallParser
 
 _TEXT_ONLY = "this model accepts text only"
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+class ChatCompletionWithReport(oc.ChatCompletion, kw_only=True):
+    """chat.completion plus the `draftgate` extension: session, canonicalization, prefix report."""
+
+    draftgate: dict[str, Any] | None = None
 
 
 class ChatController(Controller):
@@ -41,13 +49,17 @@ class ChatController(Controller):
         tool_names = [tool.function.name for tool in body.tools or []]
         choice_mode, choice_name = _tool_choice(body.tool_choice)
         tool_choice = resolve_tool_choice(choice_mode, choice_name, tool_names, "tool_choice")
-        if body.response_format is not None and body.response_format.type != "text":
-            raise bad_request(f"response_format {body.response_format.type!r} is not supported yet (only 'text')",
-                              param="response_format")
+        structured = None
+        if body.response_format is not None:
+            structured = response_format_spec(body.response_format.type, body.response_format.json_schema)
         if body.top_logprobs is not None and not body.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-        prompt = await render_chat_prompt_async(engine.tokenizer, messages, tools or None, tool_choice,
+        canonical = canonical_conversation(state.config.canonicalization, request.headers, messages, tools or None)
+        prompt = await render_chat_prompt_async(engine.tokenizer, canonical.messages, canonical.tools, tool_choice,
                                                 body.chat_template_kwargs)
+        if prompt.parse_tools:
+            structured = forced_tool_call_spec(canonical.tools, tool_choice) or structured
+        turn = await open_turn(state, request.headers, await request.body(), canonical, prompt, body.cache_salt)
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         params = build_sampling_params(SamplingRequest(
             num_prompt_tokens=len(prompt.token_ids),
@@ -63,14 +75,19 @@ class ChatController(Controller):
         ), max_model_len=engine.max_model_len, vocab_size=engine.vocab_size, max_n=state.config.max_n)
         request_id = new_id("chatcmpl-")
         generation = start_generation(state, engine, [prompt.token_ids], params, request_id=request_id, arrival=arrival,
-                                      priority=body.priority, cache_salt=body.cache_salt)
+                                      priority=body.priority, cache_salt=body.cache_salt,
+                                      extras=session_extras(turn, prompt, structured))
         response = _ChatResponse(generation, prompt, model, request_id, TokenTexts(engine.tokenizer),
-                                 (body.top_logprobs or 0) if body.logprobs else None)
+                                 (body.top_logprobs or 0) if body.logprobs else None, turn)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return sse_response(response.frames(include_usage), on_close=generation.close)
+            stream = sse_response(response.frames(include_usage), on_close=generation.close)
+            stream.headers.update(turn.report.headers())
+            return stream
         try:
-            return json_response(await until_disconnect(request, response.complete))
+            reply = json_response(await until_disconnect(request, response.complete))
+            reply.headers.update(turn.report.headers())
+            return reply
         except ClientDisconnected:
             return Response(b"", status_code=499)
         finally:
@@ -81,7 +98,8 @@ class _ChatResponse:
     """Turns one generation into a chat.completion or a stream of chat.completion.chunk."""
 
     def __init__(self, generation: Generation, prompt: ChatPrompt, model: str, request_id: str, texts: TokenTexts,
-                 num_top_logprobs: int | None) -> None:
+                 num_top_logprobs: int | None, turn: SessionTurn) -> None:
+        self.turn = turn
         self.generation = generation
         self.prompt = prompt
         self.model = model
@@ -103,7 +121,13 @@ class _ChatResponse:
         choices = [self._choice(index, result) for index, result in enumerate(results)]
         usage = make_usage(self.generation.num_prompt_tokens, sum(r.num_tokens for r in results),
                            self.generation.num_cached_tokens)
-        return oc.ChatCompletion(self.request_id, self.created, self.model, choices, usage)
+        first = choices[0].message
+        calls = [(call.function.name, call.function.arguments) for call in first.tool_calls or ()]
+        self.turn.finish(first.content, calls, self.generation.first_choice_token_ids)
+        extension = self.turn.extension()
+        if extension is None:
+            return oc.ChatCompletion(self.request_id, self.created, self.model, choices, usage)
+        return ChatCompletionWithReport(self.request_id, self.created, self.model, choices, usage, draftgate=extension)
 
     def _choice(self, index: int, result: ChoiceResult) -> oc.Choice:
         parser = self._parser()
@@ -141,6 +165,7 @@ class _ChatResponse:
                 if parser is not None and self.prompt.prefill:
                     first.tool_calls = _tool_call_deltas(parser.feed(self.prompt.prefill)) or None
                 yield frame([oc.ChunkChoice(index, first)])
+            first_content = ""
             async with contextlib.aclosing(generation.deltas()) as deltas:
                 async for index, delta in deltas:
                     parser = parsers[index]
@@ -152,6 +177,8 @@ class _ChatResponse:
                             tail = parser.finish()
                             parsed.content += tail.content
                             parsed.tool_calls += tail.tool_calls
+                    if index == 0:
+                        first_content += parsed.content
                     logprobs = None
                     if self.num_top_logprobs is not None and delta.logprobs:
                         logprobs = oc.ChoiceLogprobs(chat_logprobs(delta.logprobs, self.texts, self.num_top_logprobs))
@@ -162,6 +189,9 @@ class _ChatResponse:
                     if delta.finish_reason is not None:
                         reason = self._finish_reason(delta.finish_reason, parser)
                         yield frame([oc.ChunkChoice(index, oc.ChoiceDelta(), finish_reason=reason)])
+            first_parser = parsers[0] if parsers else None
+            calls = [(call.name, call.arguments) for call in first_parser.tool_calls] if first_parser else []
+            self.turn.finish(first_content or None, calls, generation.first_choice_token_ids)
             if include_usage:
                 usage = make_usage(generation.num_prompt_tokens, generation.num_generated_tokens,
                                    generation.num_cached_tokens)

@@ -18,6 +18,8 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 from litestar.response import Stream
 
+from gateway.canonical.chat_request import canonical_conversation, forced_tool_call_spec
+from gateway.canonical.pipeline import CanonicalConversation
 from gateway.chat_prompt import ChatPrompt, render_chat_prompt_async, resolve_tool_choice
 from gateway.errors import APIError, bad_request, unprocessable
 from gateway.generation import ClientDisconnected, Generation, start_generation, until_disconnect
@@ -26,7 +28,9 @@ from gateway.sampling import SamplingRequest, build_sampling_params
 from gateway.schemas import anthropic as an
 from gateway.schemas.errors import anthropic_error_body
 from gateway.state import GatewayState
+from gateway.sessions import SessionTurn, open_turn, session_extras
 from gateway.streaming import event_frame, raw_event_frame, sse_response
+from gateway.tool_prompt import ToolChoice
 from gateway.tools import ToolCallParser
 
 
@@ -44,19 +48,25 @@ class MessagesController(Controller):
         engine = state.serving_engine()
         body = await decode_body(request, an.request_decoder)
         model = state.check_model(body.model)
-        prompt = await _render(state, body)
+        prompt, canonical, tool_choice = await _render(state, request, body)
+        turn = await open_turn(state, request.headers, await request.body(), canonical, prompt)
+        structured = forced_tool_call_spec(canonical.tools, tool_choice) if prompt.parse_tools else None
         params = build_sampling_params(SamplingRequest(
             num_prompt_tokens=len(prompt.token_ids), max_tokens=body.max_tokens, prompt_param="messages",
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, stop=body.stop_sequences,
             extra_stop=prompt.extra_stop,
         ), max_model_len=engine.max_model_len, vocab_size=engine.vocab_size, max_n=1)
         generation = start_generation(state, engine, [prompt.token_ids], params, request_id=new_id("msg_"),
-                                      arrival=arrival)
-        response = _MessageResponse(generation, prompt, model, set(body.stop_sequences or ()))
+                                      arrival=arrival, extras=session_extras(turn, prompt, structured))
+        response = _MessageResponse(generation, prompt, model, set(body.stop_sequences or ()), turn)
         if body.stream:
-            return sse_response(response.events(), on_close=generation.close)
+            stream = sse_response(response.events(), on_close=generation.close)
+            stream.headers.update(turn.report.headers())
+            return stream
         try:
-            return json_response(await until_disconnect(request, response.complete))
+            reply = json_response(await until_disconnect(request, response.complete))
+            reply.headers.update(turn.report.headers())
+            return reply
         except ClientDisconnected:
             return Response(b"", status_code=499)
         finally:
@@ -68,11 +78,12 @@ class MessagesController(Controller):
         state.serving_engine()
         body = await decode_body(request, an.count_tokens_decoder)
         state.check_model(body.model)
-        prompt = await _render(state, body)
+        prompt, _, _ = await _render(state, request, body)
         return json_response(an.CountTokensResponse(len(prompt.token_ids)))
 
 
-async def _render(state: GatewayState, body: an.MessagesRequest | an.CountTokensRequest) -> ChatPrompt:
+async def _render(state: GatewayState, request: Request, body: an.MessagesRequest | an.CountTokensRequest,
+                  ) -> tuple[ChatPrompt, CanonicalConversation, ToolChoice]:
     engine = state.serving_engine()
     messages = normalize_messages(body.messages, body.system)
     tools = [
@@ -82,7 +93,9 @@ async def _render(state: GatewayState, body: an.MessagesRequest | an.CountTokens
     ]
     mode, name = _tool_choice(body.tool_choice)
     tool_choice = resolve_tool_choice(mode, name, [tool.name for tool in body.tools or []], "tool_choice")
-    return await render_chat_prompt_async(engine.tokenizer, messages, tools or None, tool_choice)
+    canonical = canonical_conversation(state.config.canonicalization, request.headers, messages, tools or None)
+    prompt = await render_chat_prompt_async(engine.tokenizer, canonical.messages, canonical.tools, tool_choice)
+    return prompt, canonical, tool_choice
 
 
 def _tool_choice(choice: an.ToolChoice | None) -> tuple[str | None, str | None]:
@@ -160,8 +173,16 @@ def normalize_messages(messages: list[an.Message], system: str | list[an.TextBlo
     return result
 
 
+class MessageResponseWithReport(an.MessageResponse, kw_only=True):
+    """The Anthropic message plus the `draftgate` extension: session, canonicalization, prefix report."""
+
+    draftgate: dict[str, Any] | None = None
+
+
 class _MessageResponse:
-    def __init__(self, generation: Generation, prompt: ChatPrompt, model: str, stop_sequences: set[str]) -> None:
+    def __init__(self, generation: Generation, prompt: ChatPrompt, model: str, stop_sequences: set[str],
+                 turn: SessionTurn) -> None:
+        self.turn = turn
         self.generation = generation
         self.prompt = prompt
         self.model = model
@@ -198,8 +219,14 @@ class _MessageResponse:
         for call in calls:
             content.append(an.ToolUseContent(call.id, call.name, _input_object(call.arguments)))
         stop_reason, stop_sequence = self._stop(result.finish_reason, result.stop_reason, bool(calls))
-        return an.MessageResponse(self.message_id, self.model, content, stop_reason, stop_sequence,
-                                  self._usage(result.num_tokens))
+        self.turn.finish(text or None, [(call.name, call.arguments) for call in calls],
+                         self.generation.first_choice_token_ids)
+        extension = self.turn.extension()
+        if extension is None:
+            return an.MessageResponse(self.message_id, self.model, content, stop_reason, stop_sequence,
+                                      self._usage(result.num_tokens))
+        return MessageResponseWithReport(self.message_id, self.model, content, stop_reason, stop_sequence,
+                                         self._usage(result.num_tokens), draftgate=extension)
 
     async def events(self) -> AsyncIterator[bytes]:
         """message_start, blocks (start / deltas / stop), message_delta, message_stop."""
@@ -212,6 +239,7 @@ class _MessageResponse:
             yield event_frame("message_start", an.MessageStart(start))
             yield event_frame("ping", an.Ping())
             pending_text = ""
+            streamed_text = ""
             tool_deltas = []
             if parser is not None and self.prompt.prefill:
                 tool_deltas = parser.feed(self.prompt.prefill).tool_calls
@@ -229,6 +257,7 @@ class _MessageResponse:
                             parsed.tool_calls += tail.tool_calls
                         pending_text = parsed.content
                         tool_deltas += parsed.tool_calls
+                    streamed_text += pending_text
                     if pending_text:
                         if block_kind != "text":
                             if block_kind is not None:
@@ -253,6 +282,9 @@ class _MessageResponse:
                         finish_reason, stop_reason = delta.finish_reason, delta.stop_reason
             if block_kind is not None:
                 yield event_frame("content_block_stop", an.ContentBlockStop(block_index))
+            calls = parser.tool_calls if parser is not None else []
+            self.turn.finish(streamed_text or None, [(call.name, call.arguments) for call in calls],
+                             generation.first_choice_token_ids)
             has_calls = parser is not None and parser.has_tool_calls
             reason, sequence = self._stop(finish_reason, stop_reason, has_calls)
             yield event_frame("message_delta", an.MessageDelta(an.MessageDeltaBody(reason, sequence),

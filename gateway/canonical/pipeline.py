@@ -1,0 +1,98 @@
+"""The canonicalization pipeline: rules in order, then the volatile note at the end.
+
+`canonicalize(messages, tools, policy)` returns the conversation the chat template renders.
+Under policy safe, values moved out of system prompts travel in one trailing system message,
+the volatile note, placed after the whole conversation: everything before it repeats byte for
+byte from one turn to the next, and the note (a few dozen tokens) is the only part of the
+prompt that a new turn changes besides its new messages.
+
+Canonicalizing a canonical conversation changes nothing: the note is recognised by its first
+line, taken off, and written again from the same values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.canonical.policy import Policy
+from gateway.canonical.rules import RULES, Conversation
+
+NOTE_HEADER = "Current values of the placeholders above:"
+NOTE_KEY = "_volatile_note"  # marks the note message among the dicts (templates ignore it)
+
+
+@dataclass(frozen=True)
+class CanonicalConversation:
+    messages: list[dict[str, Any]]  # the note, when there is one, is the last message
+    tools: list[dict[str, Any]] | None
+    policy: Policy
+    rules_applied: list[str] = field(default_factory=list)  # rules that changed something
+    volatile_values: dict[str, str] = field(default_factory=dict)  # placeholder -> value
+
+    @property
+    def has_note(self) -> bool:
+        return bool(self.messages) and bool(self.messages[-1].get(NOTE_KEY))
+
+    @property
+    def conversation_messages(self) -> list[dict[str, Any]]:
+        """The messages without the volatile note: one per message the client sent."""
+        return self.messages[:-1] if self.has_note else self.messages
+
+
+def _fingerprint(conversation: Conversation) -> str:
+    return json.dumps([conversation.messages, conversation.tools, conversation.volatile_values], ensure_ascii=False,
+                      default=repr)
+
+
+def note_text(values: dict[str, str]) -> str:
+    lines = [NOTE_HEADER] + [f"{name} = {value}" for name, value in values.items()]
+    return "\n".join(lines)
+
+
+def _parse_note(text: str) -> dict[str, str] | None:
+    lines = text.split("\n")
+    if not lines or lines[0] != NOTE_HEADER:
+        return None
+    values: dict[str, str] = {}
+    for line in lines[1:]:
+        name, separator, value = line.partition(" = ")
+        if not separator:
+            return None
+        values[name] = value
+    return values
+
+
+def canonicalize(
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+    policy: Policy,
+    disabled_rules: Collection[str] = (),
+) -> CanonicalConversation:
+    """Applies every rule the policy allows (minus `disabled_rules`) in order; pure."""
+    message_list = list(messages)
+    carried: dict[str, str] = {}
+    last = message_list[-1] if message_list else None
+    if (policy >= Policy.SAFE and last is not None and last.get("role") == "system"
+            and isinstance(last.get("content"), str)):
+        parsed = _parse_note(last["content"])
+        if parsed is not None:  # a conversation canonicalized before: start from its values
+            carried = parsed
+            message_list = message_list[:-1]
+    conversation = Conversation(message_list, list(tools) if tools is not None else None, dict(carried))
+    applied: list[str] = []
+    for rule in RULES:
+        if policy < rule.min_policy or rule.name in disabled_rules:
+            continue
+        changed = rule.apply(conversation, policy)
+        # Key order is the point of some rules, and dict equality ignores it: compare the text.
+        if _fingerprint(changed) != _fingerprint(conversation):
+            applied.append(rule.name)
+        conversation = changed
+    result_messages = list(conversation.messages)
+    if conversation.volatile_values and policy >= Policy.SAFE:
+        result_messages.append({"role": "system", "content": note_text(conversation.volatile_values), NOTE_KEY: True})
+    return CanonicalConversation(result_messages, conversation.tools, policy, applied,
+                                 dict(conversation.volatile_values))
