@@ -43,8 +43,10 @@ from engine.protocol import (
     GetStats,
     RequestDelta,
     ResetPrefixCache,
+    RetentionSpec,
     Shutdown,
     StatsReply,
+    StructuredOutputSpec,
     encode_frame,
     message_decoder,
 )
@@ -129,8 +131,14 @@ class AsyncEngine:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        session_id: str | None = None,
+        retention: RetentionSpec | None = None,
+        structured_output: StructuredOutputSpec | None = None,
     ) -> AsyncIterator[RequestDelta]:
         """Streams the request's deltas; the last one has finish_reason set.
+
+        session_id / retention: the agent session and whether to keep this turn's KV blocks after
+        it (engine/core/session_retention.py); structured_output: a grammar the output must follow.
 
         Raises RequestRejectedError when the engine refuses the request, EngineDeadError when the
         engine stops. Exiting the iterator before the end aborts the request: wrap it in
@@ -152,7 +160,7 @@ class AsyncEngine:
         finished = False
         try:
             await self._send(AddRequest(request_id, list(prompt_token_ids), params, time.monotonic(),
-                                        priority, cache_salt))
+                                        priority, cache_salt, session_id, retention, structured_output))
             async with receive_stream:
                 async for delta in receive_stream:
                     if delta.error is not None:

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
+QUANTIZATION_METHODS = ("int8", "int4", "fp8", "gptq", "awq")
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def _require(ok: bool, name: str, message: str) -> None:
@@ -30,9 +32,14 @@ class ModelConfig:
     dtype: str = "auto"
     max_model_len: int | None = None
     seed: int = 0
+    # Weight quantization: int8 / int4 / fp8 quantize at load; gptq / awq name a quantized
+    # checkpoint (detected from its config.json anyway). See engine/model/quantization.py.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
+        _require(self.quantization is None or self.quantization in QUANTIZATION_METHODS, "quantization",
+                 f"must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}")
         _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
                  f"must be >= 1, got {self.max_model_len}")
 
@@ -52,8 +59,13 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_blocks_override: int | None = None
     enable_prefix_caching: bool = True
+    # "auto": the model dtype; "fp8": float8 e4m3 with a scale per stored vector (half the
+    # bytes of bf16; kernels/kv_store.py).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
+                 f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         _require(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0, "block_size",
                  f"must be a power of two, got {self.block_size}")
         _require(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes",
@@ -104,12 +116,51 @@ class DeviceConfig:
                  f"must be >= 1, got {self.num_threads}")
 
 
+SPECULATIVE_METHODS = ("none", "draft", "suffix", "hybrid")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding.
+
+    method: "none", "draft" (a small draft model), "suffix" (model-free: continuations of the
+    request's own context and of recent outputs) or "hybrid" (per request and step, whichever
+    expects more accepted tokens).
+    draft_model: a draft folder or GGUF file for "draft"/"hybrid"; None takes the draft shipped
+    for the embedded model (only when the target is the embedded model).
+    num_speculative_tokens: the most drafted tokens per request per step.
+    adaptive: draft fewer tokens when a request's acceptance is low or the batch is large.
+    """
+
+    method: str = "none"
+    draft_model: str | None = None
+    num_speculative_tokens: int = 4
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.method in SPECULATIVE_METHODS, "speculative",
+                 f"must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        _require(1 <= self.num_speculative_tokens <= 16, "num_speculative_tokens",
+                 f"must be in [1, 16], got {self.num_speculative_tokens}")
+        _require(self.draft_model is None or self.method in ("draft", "hybrid"), "draft",
+                 f"a draft model needs speculative 'draft' or 'hybrid', got {self.method!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method in ("draft", "hybrid")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 def default_kv_cache_memory_bytes_from_env() -> int | None:
@@ -153,6 +204,12 @@ def build_engine_config(
     scheduling_policy: str = "priority",
     seed: int = 0,
     num_threads: int | None = None,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    speculative: str = "none",
+    draft: str | None = None,
+    num_speculative_tokens: int = 4,
+    adaptive_speculation: bool = True,
 ) -> EngineConfig:
     """One place that turns keyword options (offline API and CLI alike) into EngineConfig."""
     if isinstance(kv_cache_memory, str):
@@ -160,13 +217,15 @@ def build_engine_config(
     if kv_cache_memory is None:
         kv_cache_memory = default_kv_cache_memory_bytes_from_env()
     return EngineConfig(
-        model=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len, seed=seed),
+        model=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                          quantization=quantization),
         cache=CacheConfig(
             block_size=block_size,
             kv_cache_memory_bytes=kv_cache_memory,
             gpu_memory_utilization=gpu_memory_utilization,
             num_blocks_override=num_blocks,
             enable_prefix_caching=enable_prefix_caching,
+            kv_cache_dtype=kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -176,4 +235,7 @@ def build_engine_config(
             policy=scheduling_policy,
         ),
         device=DeviceConfig(device=device, num_threads=num_threads),
+        speculative=SpeculativeConfig(method=speculative, draft_model=draft,
+                                      num_speculative_tokens=num_speculative_tokens,
+                                      adaptive=adaptive_speculation),
     )

@@ -14,11 +14,14 @@ import time
 from engine.config import EngineConfig
 from engine.core.block_hash import make_block_hasher
 from engine.core.scheduler import RequestRejectedError, Scheduler
+from engine.core.session_retention import SessionTurns
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model.resolve import resolve_model
 from engine.model.tokenizer import Tokenizer, load_tokenizer
 from engine.protocol import AddRequest, EngineReady, EngineStats, RequestDelta, TokenLogprobs
 from engine.request import Request, RequestStatus
+from engine.structured_output.matcher import StructuredOutputManager
+from engine.spec_decode.draft_model import resolve_draft_path
 from engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -31,8 +34,9 @@ class EngineCore:
         self.model_name = resolved.name
         self.tokenizer: Tokenizer = load_tokenizer(resolved)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+        draft_path = resolve_draft_path(config.speculative, resolved) if config.speculative.uses_draft_model else None
         self.runner = ModelRunner(resolved, config.model, config.cache, config.scheduler, config.device,
-                                  self.eos_token_ids)
+                                  self.eos_token_ids, config.speculative, draft_path)
         self.vocab_size = self.runner.vocab_size
         num_blocks = self.runner.determine_num_blocks()
         block_size = config.cache.block_size
@@ -45,10 +49,17 @@ class EngineCore:
         self.runner.initialize_kv_cache(num_blocks)
         self.num_blocks = num_blocks
         # Cache keys are seeded per model, so two models never share prefix-cache entries.
-        self._block_hasher = make_block_hasher(block_size, seed=f"{resolved.path}|{self.runner.dtype}")
+        self.block_hash_seed = f"{resolved.path}|{self.runner.dtype}"
+        self._block_hasher = make_block_hasher(block_size, seed=self.block_hash_seed)
+        # A draft model writes its own proposals' KV past the drafted range: reserve those slots.
+        lookahead = config.speculative.num_speculative_tokens if config.speculative.uses_draft_model else 0
         self.scheduler = Scheduler(
             config.scheduler, config.cache, num_blocks=num_blocks, max_model_len=self.max_model_len,
+            num_lookahead_tokens=lookahead,
         )
+        # Agent turns to retain when they end in a tool call, and grammar-constrained requests.
+        self.session_turns = SessionTurns(self.scheduler.kv_cache_manager.retention, block_size)
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._started: set[str] = set()  # requests that have produced their first token
         self._num_steps = 0
@@ -67,6 +78,7 @@ class EngineCore:
             num_blocks=self.num_blocks,
             device=str(self.runner.device),
             dtype=str(self.runner.dtype).removeprefix("torch."),
+            block_hash_seed=self.block_hash_seed,
         )
 
     # ---- requests ----------------------------------------------------------------------------
@@ -87,10 +99,17 @@ class EngineCore:
             for token_id in add.prompt_token_ids:
                 if not 0 <= token_id < self.vocab_size:
                     raise ValueError(f"prompt token id {token_id} is outside the vocabulary ({self.vocab_size})")
-            self.scheduler.add_request(request)
+            if add.structured_output is not None:
+                self.structured_output.add_request(add.request_id, add.structured_output.grammar)
+            self.scheduler.add_request(request, session_id=add.session_id)
         except (RequestRejectedError, ValueError) as error:
+            self.structured_output.remove(add.request_id)
             return RequestDelta(add.request_id, finish_reason="error", error=str(error),
                                 num_prompt_tokens=len(add.prompt_token_ids))
+        if add.retention is not None and add.session_id is not None:
+            spec = add.retention
+            self.session_turns.add(request, add.session_id, spec.ttl_seconds, spec.max_retained_fraction,
+                                   spec.require_text)
         params = add.sampling_params
         self._detokenizers[add.request_id] = IncrementalDetokenizer(
             self.tokenizer,
@@ -105,6 +124,8 @@ class EngineCore:
         for request_id in request_ids:
             self._detokenizers.pop(request_id, None)
             self._started.discard(request_id)
+            self.session_turns.drop(request_id)
+            self.structured_output.remove(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -117,8 +138,17 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         # Even a step that schedules nothing goes to the runner: it carries the finished and
         # preempted ids whose state the runner must drop.
-        runner_output = self.runner.execute_model(scheduler_output)
+        bitmasks = (self.structured_output.bitmasks_for_step(scheduler_output.num_scheduled_tokens,
+                                                             self.scheduler.requests)
+                    if self.structured_output.num_requests else None)
+        runner_output = self.runner.execute_model(scheduler_output, token_bitmasks=bitmasks or None)
         results = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if runner_output.spec_token_ids and self.structured_output.num_requests:
+            # A grammar masks one token per step: constrained requests get no drafts.
+            for request_id in [r for r in runner_output.spec_token_ids if self.structured_output.has_request(r)]:
+                del runner_output.spec_token_ids[request_id]
+        if runner_output.spec_token_ids:
+            self.scheduler.set_spec_token_ids(runner_output.spec_token_ids)
         deltas = [self._make_delta(result) for result in results]
         elapsed = time.perf_counter() - started
         self._num_steps += 1
@@ -134,6 +164,7 @@ class EngineCore:
             self._num_prompt_tokens += result.num_prompt_tokens
         self._num_generation_tokens += len(result.new_token_ids)
         text = detokenizer.update(result.new_token_ids)
+        self.structured_output.accept_tokens(result.request_id, result.new_token_ids)
         finish_reason, stop_reason = result.finish_reason, result.stop_reason
         if detokenizer.stop_string is not None:
             if finish_reason is None:
@@ -143,6 +174,11 @@ class EngineCore:
         if finish_reason is not None:
             text += detokenizer.flush()
             del self._detokenizers[result.request_id]
+            self.session_turns.on_text(result.request_id, text)
+            self.session_turns.on_finish(result.request_id, finish_reason)
+            self.structured_output.remove(result.request_id)
+        else:
+            self.session_turns.on_text(result.request_id, text)
             self._started.discard(result.request_id)
         logprobs = None
         if result.new_logprobs:
@@ -160,6 +196,8 @@ class EngineCore:
 
     # ---- stats and maintenance ---------------------------------------------------------------
     def stats(self) -> EngineStats:
+        retention = self.scheduler.kv_cache_manager.retention
+        retention.expire()  # an idle engine steps no more: its TTLs pass here, when stats are read
         s = self.scheduler.make_stats()
         return EngineStats(
             num_running=s.num_running,
@@ -174,6 +212,15 @@ class EngineCore:
             num_generation_tokens=self._num_generation_tokens,
             last_step_seconds=self._last_step_seconds,
             mean_step_seconds=self._step_seconds_total / max(self._num_steps, 1),
+            spec_num_drafts=s.spec_num_drafts,
+            spec_num_draft_tokens=s.spec_num_draft_tokens,
+            spec_num_accepted_tokens=s.spec_num_accepted_tokens,
+            spec_accepted_per_pos=s.spec_accepted_per_pos,
+            spec_drafted_per_pos=s.spec_drafted_per_pos,
+            spec_proposer_seconds=self.runner.spec.proposer_seconds if self.runner.spec is not None else 0.0,
+            runner_seconds=self.runner.step_seconds,
+            num_retained_sessions=retention.num_sessions,
+            num_retained_blocks=retention.num_pinned_blocks,
         )
 
     def reset_prefix_cache(self) -> bool:

@@ -17,6 +17,25 @@ from engine.sampling_params import SamplingParams
 # ---- front -> core -------------------------------------------------------------------------
 
 
+class RetentionSpec(msgspec.Struct):
+    """Keep a finished agent turn's KV blocks pinned while its tool runs (engine/core/session_retention.py).
+
+    Applies when the request stops on its own ("stop"), and, with require_text, only when its
+    output contains that text (the model's tool-call tag: the turn ended in a tool call).
+    """
+
+    ttl_seconds: float
+    max_retained_fraction: float = 0.25  # cap on all retained blocks, as a fraction of the pool
+    require_text: str | None = None
+
+
+class StructuredOutputSpec(msgspec.Struct):
+    """Constrained decoding: every sampled token must keep the output inside `grammar`, an
+    llguidance grammar as built by engine.structured_output.grammars."""
+
+    grammar: str
+
+
 class AddRequest(msgspec.Struct, tag="add"):
     request_id: str
     prompt_token_ids: list[int]
@@ -24,6 +43,9 @@ class AddRequest(msgspec.Struct, tag="add"):
     arrival_time: float
     priority: int = 0  # lower value = more urgent
     cache_salt: str | None = None
+    session_id: str | None = None  # the agent session (retention and next-turn priority)
+    retention: RetentionSpec | None = None
+    structured_output: StructuredOutputSpec | None = None
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
@@ -83,6 +105,17 @@ class EngineStats(msgspec.Struct):
     num_generation_tokens: int  # tokens generated (cumulative)
     last_step_seconds: float
     mean_step_seconds: float
+    num_retained_sessions: int = 0  # agent sessions whose blocks are pinned while their tool runs
+    num_retained_blocks: int = 0  # distinct blocks those pins hold
+    # Speculative decoding (cumulative): verifications of a non-empty draft, drafted and accepted
+    # tokens, and per draft position i how many drafts reached it and how many were accepted.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)
+    spec_drafted_per_pos: list[int] = msgspec.field(default_factory=list)
+    spec_proposer_seconds: float = 0.0  # time spent proposing (draft model or suffix)
+    runner_seconds: float = 0.0  # time in the model runner, proposing included
 
 
 class EngineReady(msgspec.Struct, tag="ready"):
@@ -93,6 +126,9 @@ class EngineReady(msgspec.Struct, tag="ready"):
     num_blocks: int
     device: str
     dtype: str
+    # Seed of the prefix-cache key chain (engine/core/block_hash.py): the gateway hashes its
+    # canonical token streams with it, so its session and prefix keys are the engine's keys.
+    block_hash_seed: str = ""
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs"):

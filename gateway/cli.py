@@ -20,9 +20,10 @@ from types import FrameType
 import uvicorn
 
 from engine.config import parse_bytes
-from engine.config import build_engine_config
+from engine.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, SPECULATIVE_METHODS, build_engine_config
 from engine.model.resolve import resolve_model
 from gateway.app import create_app
+from gateway.canonical.policy import POLICY_HEADER, POLICY_NAMES
 from gateway.config import GatewayConfig, gateway_env
 from gateway.state import EngineFactory, GatewayState
 
@@ -53,14 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model", default=None,
                        help="a .gguf file or a Hugging Face checkpoint folder (default: the embedded "
                             "SmolLM2-135M-Instruct)")
+    model.add_argument("--speculative", default="none", choices=list(SPECULATIVE_METHODS),
+                       help="speculative decoding: none, draft (a small draft model), suffix (model-free, from "
+                            "repeated text) or hybrid (per request and step, whichever expects more accepted tokens)")
     model.add_argument("--draft", default=None,
-                       help="draft model for speculative decoding (not supported by this engine build yet)")
+                       help="draft model (a GGUF file or a draft folder) for --speculative draft|hybrid "
+                            "(default: the draft shipped for the embedded model)")
+    model.add_argument("--num-speculative-tokens", type=int, default=4,
+                       help="most drafted tokens per request per step")
+    model.add_argument("--no-adaptive-speculation", action="store_true",
+                       help="always draft --num-speculative-tokens, whatever the acceptance and batch size")
     model.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
                        help="name clients use in 'model' (repeatable; default: the model's own name)")
     model.add_argument("--accept-any-model", action="store_true",
                        help="serve requests whatever 'model' they name, instead of answering 404")
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                       help="weights and activations dtype (auto: float32 on CPU, bfloat16 on CUDA)")
+                       help="weights and activations dtype (auto: bfloat16 on CUDA and on CPUs with AMX-BF16, else float32)")
+    model.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+                       help="weight-only quantization at load (int8 per channel, int4 group-wise, fp8), or name "
+                            "the format of a GPTQ/AWQ checkpoint (detected from its config.json anyway)")
     model.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     model.add_argument("--max-model-len", type=int, default=None,
                        help="context length in tokens (default: the model's own)")
@@ -69,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine = serve.add_argument_group("engine")
     engine.add_argument("--kv-cache-memory", default=None,
                         help="KV-cache budget such as 2GiB (default: DRAFTGATE_KV_CACHE_MEMORY or the engine's choice)")
+    engine.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                        help="KV cache storage: auto (the model dtype) or fp8 (e4m3 with a scale per stored "
+                             "vector, about half the bytes of bf16)")
     engine.add_argument("--num-blocks", type=int, default=None, help="exact number of KV blocks (overrides the budget)")
     engine.add_argument("--block-size", type=int, default=16, help="tokens per KV block (a power of two)")
     engine.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one batch")
@@ -94,6 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="log level of the server and the engine")
+
+    agents = serve.add_argument_group("agent sessions")
+    agents.add_argument("--canonicalization", default="safe", choices=list(POLICY_NAMES),
+                        help="prompt canonicalization: off (verbatim), safe (meaning-preserving rewrites; volatile "
+                             "values moved to a note at the end) or aggressive (volatile values stripped); a request "
+                             f"may narrow it with the {POLICY_HEADER} header (default: safe)")
+    agents.add_argument("--session-retention-ttl", type=float, default=30.0, metavar="SECONDS",
+                        help="keep a session's KV blocks this long after a turn that ends in a tool call (0: off)")
+    agents.add_argument("--session-retention-cap", type=float, default=0.25, metavar="FRACTION",
+                        help="most of the KV cache that retained sessions may hold, as a fraction")
     return parser
 
 
@@ -104,14 +129,19 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, num_blocks=args.num_blocks,
         enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, num_threads=args.num_threads,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        speculative=args.speculative, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
+        adaptive_speculation=not args.no_adaptive_speculation,
     )
     return GatewayConfig(
-        engine=engine, draft=args.draft, host=args.host, port=args.port,
+        engine=engine, host=args.host, port=args.port,
         api_keys=tuple(args.api_key) + env.api_keys, served_model_names=tuple(args.served_model_name),
         accept_any_model=args.accept_any_model, max_waiting_requests=args.max_waiting_requests,
         max_waiting_tokens=args.max_waiting_tokens, max_n=args.max_n,
         max_body_bytes=_parse_size(args.max_body_size, "max_body_size"), shutdown_timeout=args.shutdown_timeout,
         engine_in_process=args.in_process_engine, log_level=args.log_level,
+        canonicalization=args.canonicalization, session_retention_seconds=args.session_retention_ttl,
+        session_retention_max_fraction=args.session_retention_cap,
     )
 
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
+from gateway.canonical.policy import POLICY_NAMES
 
 API_KEYS_ENV = "DRAFTGATE_API_KEYS"
 
@@ -30,10 +31,14 @@ class GatewayConfig:
     admission bound on requests admitted but not yet producing output, and on their prompt
     tokens; beyond either a request gets 429 with Retry-After. shutdown_timeout: seconds that
     in-flight requests get to finish after SIGTERM before they are aborted.
+    canonicalization: the prompt canonicalization policy, off / safe / aggressive (a request may
+    narrow it with a header). session_retention_seconds: how long the engine keeps a session's
+    KV blocks after a turn that ends in a tool call (0: never); session_retention_max_fraction:
+    the cap on all retained blocks, as a fraction of the KV cache. max_sessions: sessions whose
+    previous turn is remembered for prefix diagnostics.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    draft: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
@@ -47,6 +52,10 @@ class GatewayConfig:
     engine_in_process: bool = False
     engine_startup_timeout: float = 600.0
     log_level: str = "info"
+    canonicalization: str = "safe"
+    session_retention_seconds: float = 30.0
+    session_retention_max_fraction: float = 0.25
+    max_sessions: int = 4096
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
@@ -61,10 +70,13 @@ class GatewayConfig:
                  f"must be > 0, got {self.engine_startup_timeout}")
         _require(self.log_level in ("critical", "error", "warning", "info", "debug"), "log_level",
                  f"must be one of critical, error, warning, info, debug; got {self.log_level!r}")
-        # Speculative decoding lands with the draft-model issue; refuse the flag until the engine
-        # can use it rather than serving without it silently.
-        _require(self.draft is None, "draft", "is not supported by this engine build yet (speculative decoding "
-                 "is not wired in); start without --draft")
+        _require(self.canonicalization in POLICY_NAMES, "canonicalization",
+                 f"must be one of {', '.join(POLICY_NAMES)}; got {self.canonicalization!r}")
+        _require(self.session_retention_seconds >= 0, "session_retention_seconds",
+                 f"must be >= 0, got {self.session_retention_seconds}")
+        _require(0.0 <= self.session_retention_max_fraction <= 1.0, "session_retention_max_fraction",
+                 f"must be in [0, 1], got {self.session_retention_max_fraction}")
+        _require(self.max_sessions >= 1, "max_sessions", f"must be >= 1, got {self.max_sessions}")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ queue, KV-cache and prefix-cache figures come from the engine's own statistics, 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -55,8 +55,24 @@ class _EngineStatsCollector(Collector):
         yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                       stats.prefix_cache_queries)
         yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits)
+        yield counter("vllm:spec_decode_num_drafts", "Verifications of a non-empty draft.", stats.spec_num_drafts)
+        yield counter("vllm:spec_decode_num_draft_tokens", "Drafted tokens verified.", stats.spec_num_draft_tokens)
+        yield counter("vllm:spec_decode_num_accepted_tokens", "Drafted tokens accepted.",
+                      stats.spec_num_accepted_tokens)
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Drafted tokens accepted, by position in the draft.",
+                                      labels=["model_name", "position"])
+        for position, accepted in enumerate(stats.spec_accepted_per_pos):
+            per_pos.add_metric(labels + [str(position)], accepted)
+        yield per_pos
+        yield counter("draftgate:spec_decode_proposer_seconds", "Time spent proposing drafts.",
+                      stats.spec_proposer_seconds)
         yield gauge("draftgate:gateway_waiting_requests", "Requests admitted by the gateway, no output yet.",
                     self._metrics.gateway_waiting)
+        yield gauge("draftgate:retained_sessions", "Agent sessions whose KV blocks are kept while their tool runs.",
+                    stats.num_retained_sessions)
+        yield gauge("draftgate:retained_kv_blocks", "KV blocks kept for agent sessions while their tools run.",
+                    stats.num_retained_blocks)
 
 
 class GatewayMetrics:
@@ -78,6 +94,20 @@ class GatewayMetrics:
         self._generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=self.registry)
         self._rejected = Counter("draftgate:admission_rejected", "Requests refused with 429 by admission control.",
                                  labels, registry=self.registry)
+        # Prefix diagnostics (gateway/canonical/diagnostics.py), per request of a session.
+        self._prefix_divergence = Counter(
+            "draftgate:prefix_divergence", "Requests by the canonical segment where their prompt first departed "
+            "from the session's previous request (tools, system, message, output, volatile-note, none, new-session).",
+            ["model_name", "segment"], registry=self.registry)
+        self._prefix_reusable_tokens = Counter(
+            "draftgate:prefix_reusable_tokens", "Prompt tokens shared with the session's previous request "
+            "(prefix-cache blocks).", labels, registry=self.registry)
+        self._prefix_prompt_tokens = Counter(
+            "draftgate:prefix_prompt_tokens", "Prompt tokens of requests given a prefix report.", labels,
+            registry=self.registry)
+        self._canonical_rules = Counter(
+            "draftgate:canonical_rule_applied", "Requests a canonicalization rule changed, by rule.",
+            ["model_name", "rule"], registry=self.registry)
         self.registry.register(_EngineStatsCollector(self))
         self._bind()
 
@@ -93,6 +123,15 @@ class GatewayMetrics:
         self.prompt_tokens = self._prompt_tokens.labels(self.model_name)
         self.generation_tokens = self._generation_tokens.labels(self.model_name)
         self.rejected = self._rejected.labels(self.model_name)
+
+    def observe_prefix(self, diverged_segment: str, reusable_tokens: int, prompt_tokens: int,
+                       rules_applied: Iterable[str]) -> None:
+        """One request's prefix report; "message[3]" counts as segment "message"."""
+        self._prefix_divergence.labels(self.model_name, diverged_segment.split("[", 1)[0]).inc()
+        self._prefix_reusable_tokens.labels(self.model_name).inc(reusable_tokens)
+        self._prefix_prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+        for rule in rules_applied:
+            self._canonical_rules.labels(self.model_name, rule).inc()
 
     def render(self, engine_stats: EngineStats | None, gateway_waiting: int) -> bytes:
         self.engine_stats = engine_stats

@@ -25,13 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.benchmarks.docs_section import write_section
 from engine.llm import LLM
 from engine.model.resolve import embedded_gguf_path
 from engine.protocol import AddRequest
 from engine.sampling_params import SamplingParams
-
-DOCS_BEGIN = "<!-- offline-benchmark:begin -->"
-DOCS_END = "<!-- offline-benchmark:end -->"
 
 
 @dataclass
@@ -180,21 +178,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write_docs(table: str) -> None:
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks.md")
     machine = f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}, {torch.get_num_threads()} torch threads"
-    section = (
-        f"{DOCS_BEGIN}\n## Offline engine: throughput, decode, TTFT\n\n"
-        f"Command: `make bench-engine` (= `.venv/bin/python -m engine.benchmarks.offline --write-docs`)\n\n"
-        f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{table}\n{DOCS_END}"
-    )
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if DOCS_BEGIN in text:
-        head, rest = text.split(DOCS_BEGIN, 1)
-        text = head + section + rest.split(DOCS_END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    write_section("offline-benchmark",
+                  "## Offline engine: throughput, decode, TTFT\n\n"
+                  "Command: `make bench-engine` (= `.venv/bin/python -m engine.benchmarks.offline --write-docs`)\n\n"
+                  f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{table}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ class ModelRunnerOutput:
     # Per row: one entry per sampled token, or None when the request asked for no logprobs;
     # None for the whole step when no request did.
     logprobs: list[list[TokenLogprobs] | None] | None = None
+    # Speculative decoding: draft tokens proposed for the next step, by request (only requests
+    # that just sampled and will decode next); None when speculation is off.
+    spec_token_ids: dict[str, list[int]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.req_ids) != len(self.sampled_token_ids):

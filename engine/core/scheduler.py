@@ -109,14 +109,24 @@ class Scheduler:
         self.waiting = _WaitingQueue(scheduler_config.policy)
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
+        # Agent session of each request that named one (session retention and priority).
+        self._session_of: dict[str, str] = {}
         self.num_preemptions = 0
         self.spec_num_draft_tokens = 0
         self.spec_num_accepted_tokens = 0
+        self.spec_num_drafts = 0
+        self.spec_accepted_per_pos: list[int] = []
+        self.spec_drafted_per_pos: list[int] = []
 
     # ---- admission ---------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, session_id: str | None = None) -> None:
         """Queues a request, or raises RequestRejectedError (its status set to FINISHED_IGNORED)
-        when it could never run."""
+        when it could never run.
+
+        session_id: the agent session it belongs to. When that session has blocks retained (its
+        previous turn ended in tool calls), the request is the session's next turn: it goes ahead
+        of requests of its own priority class (fcfs: to the front of the queue), and once it is
+        admitted the retention is released, since the request now holds the blocks it hit."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
         if request.status != RequestStatus.WAITING:
@@ -142,10 +152,18 @@ class Scheduler:
                 f"{request.num_tokens} tokens: create it with block_hasher=make_block_hasher({self.block_size}, seed)"
             )
         self.requests[request.request_id] = request
+        if session_id is not None:
+            self._session_of[request.request_id] = session_id
+        if self.kv_cache_manager.retention.is_retained(session_id):
+            if self.config.policy == "fcfs":
+                self.waiting.add_front(request)
+                return
+            request.priority -= 1
         self.waiting.add(request)
 
     # ---- one step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        self.kv_cache_manager.retention.expire()
         token_budget = self.config.max_num_batched_tokens
         num_scheduled_tokens: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
@@ -168,6 +186,8 @@ class Scheduler:
                 )
                 if block_ids is not None:
                     break
+                if self.kv_cache_manager.retention.release_oldest():
+                    continue  # retained sessions give their blocks back before anyone is preempted
                 victim_index = self._pick_victim()
                 victim = self.running.pop(victim_index)
                 if victim_index < req_index:
@@ -234,8 +254,11 @@ class Scheduler:
                 num_lookahead_tokens=self._lookahead(request, num_new_tokens, num_hit_tokens),
             )
             if block_ids is None:
+                if not self.running and self.kv_cache_manager.retention.release_oldest():
+                    continue  # nothing runs that could free blocks: retention must yield
                 break  # head-of-line: later requests must not overtake it
             self.waiting.pop()
+            self.kv_cache_manager.retention.release(self._session_of.get(request.request_id))
             self.running.append(request)
             scheduled_new.append(request)
             request.status = RequestStatus.RUNNING
@@ -307,8 +330,18 @@ class Scheduler:
             if draft_token_ids and sampled_token_ids:
                 num_rejected = len(draft_token_ids) + 1 - len(sampled_token_ids)
                 request.num_computed_tokens -= num_rejected
+                num_accepted = len(draft_token_ids) - num_rejected
+                self.spec_num_drafts += 1
                 self.spec_num_draft_tokens += len(draft_token_ids)
-                self.spec_num_accepted_tokens += len(draft_token_ids) - num_rejected
+                self.spec_num_accepted_tokens += num_accepted
+                grow = len(draft_token_ids) - len(self.spec_drafted_per_pos)
+                if grow > 0:
+                    self.spec_drafted_per_pos += [0] * grow
+                    self.spec_accepted_per_pos += [0] * grow
+                for position in range(len(draft_token_ids)):
+                    self.spec_drafted_per_pos[position] += 1
+                for position in range(num_accepted):
+                    self.spec_accepted_per_pos[position] += 1
             # The drafts were for this step; the proposer sets fresh ones for the next.
             request.spec_token_ids = []
 
@@ -388,6 +421,7 @@ class Scheduler:
             self._release(request)
 
     def _release(self, request: Request) -> None:
+        self._session_of.pop(request.request_id, None)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
@@ -424,6 +458,9 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             spec_num_draft_tokens=self.spec_num_draft_tokens,
             spec_num_accepted_tokens=self.spec_num_accepted_tokens,
+            spec_num_drafts=self.spec_num_drafts,
+            spec_accepted_per_pos=list(self.spec_accepted_per_pos),
+            spec_drafted_per_pos=list(self.spec_drafted_per_pos),
         )
 
     def reset_prefix_cache(self) -> bool:

@@ -17,6 +17,10 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True):
     # Cumulative speculative-decoding counters: drafts verified, and those accepted.
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
+    spec_num_drafts: int = 0  # verifications of a non-empty draft
+    # [i]: drafts at position i (0-based) that were accepted, cumulative.
+    spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)
+    spec_drafted_per_pos: list[int] = msgspec.field(default_factory=list)  # drafts that reached position i
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -1,7 +1,8 @@
 """The sampler: one token per row from a batch of logits.
 
 Order of operations (every step is skipped when no row in the batch needs it):
-1. logit_bias, then the min_tokens mask (-inf on EOS and stop ids), then penalties;
+1. logit_bias, then the min_tokens mask (-inf on EOS and stop ids), then penalties, then the
+   grammar's token bitmask (constrained decoding: -inf on every token the grammar forbids);
 2. logprobs, if any row asked, from the log-softmax of these processed logits (see logprobs.py);
 3. greedy rows take the argmax of the processed logits, exactly;
 4. random rows: temperature, min-p, top-k, top-p (each keeps at least the most likely token),
@@ -83,13 +84,16 @@ class Sampler:
         logits: torch.Tensor,  # [num_reqs, vocab_size] float32, modified in place
         meta: SamplingMetadata,
     ) -> None:
-        """logit_bias, the min_tokens mask and penalties: what both greedy and random rows see."""
+        """logit_bias, the min_tokens mask, penalties and the grammar bitmask: what both greedy
+        and random rows see. The bitmask comes last so nothing can lift a forbidden token."""
         if meta.logit_bias is not None:
             meta.logit_bias.apply_(logits)
         if meta.min_tokens_mask is not None:
             meta.min_tokens_mask.apply_(logits)
         if meta.penalties is not None:
             apply_penalties(logits, meta.penalties)
+        if meta.token_bitmask is not None:
+            apply_token_bitmask_(logits, meta.token_bitmask)
 
     def compute_probs(
         self,
@@ -110,6 +114,18 @@ class Sampler:
             candidates = self.top_p_candidates if logits.device.type == "cpu" else None
             apply_top_p(logits, meta.top_p, candidates)
         return logits.softmax(dim=-1)
+
+
+def apply_token_bitmask_(
+    logits: torch.Tensor,  # [num_reqs, vocab_size] float32, modified in place
+    bitmask: torch.Tensor,  # [num_reqs, ceil(vocab_size / 32)] int32, bit i of word w = token 32w + i
+) -> None:
+    """Sets the logit of every token whose bit is 0 to -inf."""
+    num_reqs, vocab_size = logits.shape
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool()  # [num_reqs, num_words, 32]
+    allowed = allowed.reshape(num_reqs, -1)[:, :vocab_size]  # [num_reqs, vocab_size]
+    logits.masked_fill_(~allowed, float("-inf"))
 
 
 def apply_min_p(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.sample.penalties import PenaltyTensors, host_to_device
@@ -66,6 +67,9 @@ class SamplingMetadata:
     max_num_logprobs: int | None
     # Each row's own `logprobs` parameter, so results can be trimmed per request.
     num_logprobs: list[int | None]
+    # Constrained decoding: bit i of word w allows token 32w + i; unconstrained rows are all
+    # ones (-1). None when no row is constrained.
+    token_bitmask: torch.Tensor | None = None  # [num_reqs, ceil(vocab_size / 32)] int32
 
     @classmethod
     def build(
@@ -77,12 +81,15 @@ class SamplingMetadata:
         eos_token_ids: frozenset[int],
         vocab_size: int,
         device: torch.device | str,
+        token_bitmasks: Sequence[np.ndarray | None] | None = None,
     ) -> SamplingMetadata:
         """Builds the metadata for `len(params)` rows.
 
         generators maps a row index to that request's own generator; every seeded random row
         must have one (the caller keeps it across steps, so a seed fixes the whole sequence).
         Token ids in logit_bias and stop_token_ids are checked against vocab_size.
+        token_bitmasks: per row, the packed bitmask of the tokens its grammar allows
+        ([ceil(vocab_size / 32)] int32), or None for an unconstrained row.
         """
         num_reqs = len(params)
         if len(prompt_token_ids) != num_reqs or len(output_token_ids) != num_reqs:
@@ -173,7 +180,21 @@ class SamplingMetadata:
                              if mask_rows else None),
             max_num_logprobs=max_num_logprobs,
             num_logprobs=num_logprobs,
+            token_bitmask=_stack_bitmasks(token_bitmasks, num_reqs, vocab_size, device),
         )
+
+
+def _stack_bitmasks(rows: Sequence[np.ndarray | None] | None, num_reqs: int, vocab_size: int,
+                    device: torch.device) -> torch.Tensor | None:  # [num_reqs, ceil(vocab_size / 32)] int32
+    if rows is None or all(row is None for row in rows):
+        return None
+    if len(rows) != num_reqs:
+        raise ValueError(f"token_bitmasks has {len(rows)} rows for {num_reqs} requests")
+    packed = np.full((num_reqs, (vocab_size + 31) // 32), -1, dtype=np.int32)
+    for index, row in enumerate(rows):
+        if row is not None:
+            packed[index] = row
+    return host_to_device(torch.from_numpy(packed), device)
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:

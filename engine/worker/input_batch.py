@@ -52,10 +52,11 @@ class StepInputs:
     query_start_loc: list[int]  # num_reqs + 1
     seq_lens: list[int]  # num_reqs
     block_table: np.ndarray  # [num_reqs, max_blocks] int32
-    # Rows (request indices) that sample this step, and the flat token index whose hidden state
-    # gives each one's logits (the last scheduled token).
+    # Rows (request indices) that sample this step. Each gets logits at its last real token and
+    # at every draft after it (1 + num drafts rows, consecutive in logits_indices).
     sample_rows: list[int]
-    logits_indices: np.ndarray  # [num_sample_rows] int64
+    num_logits: list[int]  # per sample row
+    logits_indices: np.ndarray  # [sum(num_logits)] int64 flat token indices
 
 
 def build_step_inputs(
@@ -74,6 +75,7 @@ def build_step_inputs(
     max_blocks = max(len(states[r].block_ids) for r in req_ids)
     block_table = np.zeros((num_reqs, max_blocks), dtype=np.int32)
     sample_rows: list[int] = []
+    num_logits: list[int] = []
     logits_indices: list[int] = []
 
     offset = 0
@@ -89,10 +91,13 @@ def build_step_inputs(
         offset += n
         query_start_loc[row + 1] = offset
         # A request samples once every real token is in context; a prefill chunk that stops
-        # short of the end produces nothing.
+        # short of the end produces nothing. Positions num_tokens-1 .. end-1 predict the first
+        # draft .. the bonus token.
         if end >= state.num_tokens:
+            first = offset - (end - state.num_tokens + 1)
             sample_rows.append(row)
-            logits_indices.append(offset - 1)
+            num_logits.append(offset - first)
+            logits_indices.extend(range(first, offset))
 
     # Slots: for each token, its request's block at position // block_size.
     row_of_token = np.repeat(np.arange(num_reqs), query_lens)
@@ -107,5 +112,6 @@ def build_step_inputs(
         seq_lens=seq_lens,
         block_table=block_table,
         sample_rows=sample_rows,
+        num_logits=num_logits,
         logits_indices=np.asarray(logits_indices, dtype=np.int64),
     )

@@ -8,23 +8,32 @@ the requests whose context is complete, and returns torch-free results.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 
-from engine.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
+from engine.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from engine.core.model_runner_output import ModelRunnerOutput
 from engine.core.scheduler_output import SchedulerOutput
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.loader import load_model
 from engine.model.resolve import ResolvedModel
+from engine.sample.rejection_sampler import RejectionSampler, VerifyRequest
 from engine.sample.sampler import Sampler
 from engine.sample.sampling_metadata import SamplingMetadata
+from engine.spec_decode.controller import SpeculationController
+from engine.spec_decode.draft_model import DraftModelProposer, load_draft_model
+from engine.spec_decode.proposer import ProposalRequest
+from engine.spec_decode.suffix import SuffixProposer
 from engine.worker.input_batch import CachedRequestState, build_step_inputs
 from engine.worker.kv_cache import (
     KVCacheSpec,
     allocate_kv_caches,
     cuda_budget_bytes,
     default_cpu_budget_bytes,
+    kv_cache_torch_dtype,
     num_blocks_for_budget,
 )
 
@@ -66,7 +75,10 @@ class ModelRunner:
         scheduler_config: SchedulerConfig,
         device_config: DeviceConfig,
         eos_token_ids: frozenset[int],
+        speculative_config: SpeculativeConfig | None = None,
+        draft_path: str | None = None,
     ) -> None:
+        """draft_path: the resolved draft model for speculative_config methods that use one."""
         self.device = resolve_device(device_config)
         self.dtype = resolve_dtype(model_config, self.device)
         if device_config.num_threads is not None and self.device.type == "cpu":
@@ -77,7 +89,8 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         self.seed = model_config.seed
 
-        self.model, self.arch = load_model(resolved, dtype=self.dtype, device=self.device)
+        self.model, self.arch = load_model(resolved, dtype=self.dtype, device=self.device,
+                                           quantization=model_config.quantization, inference_only=True)
         self.model.eval()
         self.vocab_size = self.arch.vocab_size
         self.kv_spec = KVCacheSpec(
@@ -86,10 +99,24 @@ class ModelRunner:
             head_dim=self.arch.head_dim,
             block_size=self.block_size,
             dtype=self.dtype,
+            cache_dtype=kv_cache_torch_dtype(cache_config.kv_cache_dtype),
         )
         self.sampler = Sampler()
+        self.rejection_sampler = RejectionSampler(self.sampler)
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, CachedRequestState] = {}
+
+        self.speculative_config = speculative_config or SpeculativeConfig()
+        self.draft = None
+        self._draft_kv_bytes_per_block = 0
+        if self.speculative_config.uses_draft_model:
+            if draft_path is None:
+                raise ValueError(f"speculative {self.speculative_config.method!r} needs a draft model")
+            self.draft = load_draft_model(draft_path, self.model, self.arch, self.dtype, self.device)
+            self._draft_kv_bytes_per_block = DraftModelProposer.kv_bytes_per_block(
+                self.draft.arch, self.block_size, self.dtype)
+        self.spec: SpeculationController | None = None  # built with the KV cache
+        self.step_seconds = 0.0
         # Unseeded requests sample from torch's default generator; seeding it from the engine
         # seed makes a whole run repeatable.
         torch.manual_seed(model_config.seed)
@@ -99,12 +126,14 @@ class ModelRunner:
         if self.cache_config.num_blocks_override is not None:
             return self.cache_config.num_blocks_override
         if self.cache_config.kv_cache_memory_bytes is not None:
-            return num_blocks_for_budget(self.kv_spec, self.cache_config.kv_cache_memory_bytes)
-        if self.device.type == "cuda":
+            budget = self.cache_config.kv_cache_memory_bytes
+        elif self.device.type == "cuda":
             peak = self._profile_activation_peak()
             budget = cuda_budget_bytes(self.device, self.cache_config.gpu_memory_utilization, peak)
-            return num_blocks_for_budget(self.kv_spec, budget)
-        return num_blocks_for_budget(self.kv_spec, default_cpu_budget_bytes())
+        else:
+            budget = default_cpu_budget_bytes()
+        # A draft model's KV pool is indexed by the same block ids: each block costs both.
+        return num_blocks_for_budget(self.kv_spec, budget, extra_bytes_per_block=self._draft_kv_bytes_per_block)
 
     @torch.inference_mode()
     def _profile_activation_peak(self) -> int:
@@ -130,13 +159,24 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
+        config = self.speculative_config
+        if config.enabled:
+            draft_proposer = None
+            if self.draft is not None:
+                draft_proposer = DraftModelProposer(self.draft, num_blocks=num_blocks, block_size=self.block_size,
+                                                    device=self.device, dtype=self.dtype)
+            suffix = SuffixProposer() if config.method in ("suffix", "hybrid") else None
+            self.spec = SpeculationController(config, suffix=suffix, draft=draft_proposer)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * self.kv_spec.bytes_per_block / 2**20)
 
     # ---- one step ----------------------------------------------------------------------------
     def _update_states(self, out: SchedulerOutput) -> None:
         for req_id in out.finished_req_ids | out.preempted_req_ids:
-            self.requests.pop(req_id, None)
+            state = self.requests.pop(req_id, None)
+            if self.spec is not None:
+                finished = state is not None and req_id in out.finished_req_ids
+                self.spec.finish(req_id, state.output_token_ids if finished else None)
         for new in out.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
@@ -160,7 +200,11 @@ class ModelRunner:
             self.requests[req_id].spec_token_ids = list(drafts)
 
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, out: SchedulerOutput,
+                      token_bitmasks: Mapping[str, np.ndarray] | None = None) -> ModelRunnerOutput:
+        """token_bitmasks: constrained decoding, by request: the packed bitmask of the tokens its
+        grammar allows ([ceil(vocab_size / 32)] int32; engine/structured_output/matcher.py)."""
+        started = time.perf_counter()
         self._update_states(out)
         req_ids = [r.req_id for r in out.scheduled_new_reqs] + [r.req_id for r in out.scheduled_cached_reqs]
         if not req_ids:
@@ -180,31 +224,95 @@ class ModelRunner:
         input_ids = torch.from_numpy(step.input_ids).to(device, non_blocking=True)
         positions = torch.from_numpy(step.positions).to(device, non_blocking=True)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        if self.spec is not None and self.spec.draft is not None:
+            # The draft keeps its KV in step with the target's: the same tokens, the same slots.
+            self.spec.draft.observe_step(input_ids, positions, meta)
 
         sampled_token_ids: list[list[int]] = [[] for _ in req_ids]
         logprobs: list | None = None
+        spec_token_ids: dict[str, list[int]] | None = None
         if step.sample_rows:
             indices = torch.from_numpy(step.logits_indices).to(device)
-            logits = self.model.compute_logits(hidden.index_select(0, indices))  # [num_sample_rows, vocab]
+            logits = self.model.compute_logits(hidden.index_select(0, indices))  # [num_logits, vocab]
             sample_states = [self.requests[req_ids[row]] for row in step.sample_rows]
-            sampling_meta = SamplingMetadata.build(
-                params=[s.sampling_params for s in sample_states],
-                prompt_token_ids=[s.prompt_token_ids for s in sample_states],
-                output_token_ids=[s.output_token_ids for s in sample_states],
-                generators={i: s.generator for i, s in enumerate(sample_states) if s.generator is not None},
-                eos_token_ids=self.eos_token_ids,
-                vocab_size=self.vocab_size,
-                device=device,
-            )
-            sampler_out = self.sampler(logits, sampling_meta)
-            tokens = sampler_out.sampled_token_ids.tolist()
-            row_logprobs = sampler_out.logprobs.tolists() if sampler_out.logprobs is not None else None
+            if any(state.spec_token_ids for state in sample_states):
+                tokens, row_logprobs = self._verify(logits, sample_states, token_bitmasks)
+            else:
+                tokens, row_logprobs = self._sample(logits, sample_states, token_bitmasks)
             if row_logprobs is not None:
                 logprobs = [None] * len(req_ids)
             for i, (row, state) in enumerate(zip(step.sample_rows, sample_states)):
-                state.output_token_ids.append(tokens[i])
+                if self.spec is not None and state.spec_token_ids:
+                    self.spec.record(state.req_id, len(state.spec_token_ids), len(tokens[i]) - 1)
+                state.output_token_ids.extend(tokens[i])
                 state.spec_token_ids = []
-                sampled_token_ids[row] = [tokens[i]]
-                if row_logprobs is not None and row_logprobs[i] is not None:
-                    logprobs[row] = [row_logprobs[i]]
-        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs)
+                sampled_token_ids[row] = tokens[i]
+                if row_logprobs is not None and row_logprobs[i] is not None and row_logprobs[i][0] is not None:
+                    logprobs[row] = row_logprobs[i]
+            if self.spec is not None:
+                spec_token_ids = self._propose(sample_states, num_running=len(req_ids))
+        self.step_seconds += time.perf_counter() - started
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs,
+                                 spec_token_ids=spec_token_ids)
+
+    def _sampling_metadata(self, states: list[CachedRequestState], outputs: list[list[int]],
+                           bitmask_rows: list[np.ndarray | None] | None = None) -> SamplingMetadata:
+        return SamplingMetadata.build(
+            params=[s.sampling_params for s in states],
+            prompt_token_ids=[s.prompt_token_ids for s in states],
+            output_token_ids=outputs,
+            generators={i: s.generator for i, s in enumerate(states) if s.generator is not None},
+            eos_token_ids=self.eos_token_ids,
+            vocab_size=self.vocab_size,
+            device=self.device,
+            token_bitmasks=bitmask_rows,
+        )
+
+    def _sample(self, logits: torch.Tensor, states: list[CachedRequestState],
+                token_bitmasks: Mapping[str, np.ndarray] | None = None):
+        """One token per request (no drafts in this step)."""
+        rows = [token_bitmasks.get(s.req_id) for s in states] if token_bitmasks else None
+        meta = self._sampling_metadata(states, [s.output_token_ids for s in states], rows)
+        out = self.sampler(logits, meta)
+        tokens = [[t] for t in out.sampled_token_ids.tolist()]
+        if out.logprobs is None:
+            return tokens, None
+        return tokens, [[entry] for entry in out.logprobs.tolists()]
+
+    def _verify(self, logits: torch.Tensor, states: list[CachedRequestState],
+                token_bitmasks: Mapping[str, np.ndarray] | None = None):
+        """Requests with drafts get 1 + k logits rows; each row is processed as if the drafts
+        before it had been generated (penalties, min_tokens)."""
+        row_states: list[CachedRequestState] = []
+        row_outputs: list[list[int]] = []
+        requests: list[VerifyRequest] = []
+        for state in states:
+            drafts = state.spec_token_ids
+            requests.append(VerifyRequest(first_row=len(row_states), draft_token_ids=list(drafts),
+                                          greedy=state.sampling_params.greedy, generator=state.generator))
+            for j in range(len(drafts) + 1):
+                row_states.append(state)
+                row_outputs.append(state.output_token_ids + drafts[:j] if j else state.output_token_ids)
+        # Constrained requests get no drafts (the engine core drops them), so their one row is
+        # masked as in _sample.
+        rows = ([token_bitmasks.get(s.req_id) if not s.spec_token_ids else None for s in row_states]
+                if token_bitmasks else None)
+        meta = self._sampling_metadata(row_states, row_outputs, rows)
+        return self.rejection_sampler(logits, meta, requests)
+
+    def _propose(self, states: list[CachedRequestState], num_running: int) -> dict[str, list[int]]:
+        assert self.spec is not None
+        requests = []
+        for state in states:
+            params = state.sampling_params
+            # Drafts past max_tokens or the context would be computed and thrown away.
+            room = self.spec.max_drafts
+            if params.max_tokens is not None:
+                room = min(room, params.max_tokens - len(state.output_token_ids) - 1)
+            if room <= 0:
+                continue
+            requests.append(ProposalRequest(state.req_id, state.prompt_token_ids, state.output_token_ids,
+                                            num_drafts=room, block_ids=state.block_ids))
+        proposals = self.spec.propose(requests, batch_size=num_running)
+        caps = {r.req_id: r.num_drafts for r in requests}
+        return {req_id: p.token_ids[: caps[req_id]] for req_id, p in proposals.items() if p.token_ids}

@@ -1,7 +1,8 @@
 """Real servers for the gateway's end-to-end tests.
 
 `draftgate serve` runs as a subprocess on a free 127.0.0.1 port with the embedded model and a
-small KV cache, exactly as a user starts it. The session server (`server`) is shared by the
+small KV cache, exactly as a user starts it, in float32 so that greedy outputs do not depend on
+whether a prompt's prefix was cached (bf16 rounding differs between the two paths). The session server (`server`) is shared by the
 modules that need a plain server; modules that need special limits or kill their server start
 their own with `start_server`.
 """
@@ -77,7 +78,7 @@ def start_server(*extra_args: str, api_key: str | None = API_KEY) -> Server:
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="draftgate-server-", suffix=".log", delete=False)
     args = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--kv-cache-memory", "64MiB",
-            "--num-threads", "1", *extra_args]
+            "--num-threads", "1", "--dtype", "float32", *extra_args]
     if api_key:
         args += ["--api-key", api_key]
     env = {key: value for key, value in os.environ.items() if key != "DRAFTGATE_API_KEYS"}

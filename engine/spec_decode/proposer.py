@@ -1,0 +1,46 @@
+"""The proposer contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class ProposalRequest:
+    """A request that just sampled and will decode next step."""
+
+    req_id: str
+    # The runner's own lists (not copies; read-only here): prompt, then every output so far,
+    # the last one just sampled.
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    num_drafts: int  # how many tokens to propose at most (adaptive; >= 1)
+    block_ids: list[int] = field(default_factory=list)  # its KV blocks (lookahead slots included)
+
+
+@dataclass
+class Proposal:
+    token_ids: list[int]  # may be shorter than asked, or empty
+    # [len(token_ids), vocab_size] float32: the distributions the drafts were drawn from; None for
+    # deterministic drafts (one-hot), which the rejection sampler treats exactly.
+    probs: torch.Tensor | None = None
+    # The proposer's own estimate of how many of these tokens the target will accept.
+    expected_accepted: float = 0.0
+
+
+class Proposer(Protocol):
+    """Proposes draft tokens for requests in decode.
+
+    observe_step(): called every step with what the target ran (so a draft model can keep its
+    own KV cache in step with the target's; only the draft model has one); propose(): called after
+    sampling for the requests that will decode next; finish(): a request left the engine
+    (finished, aborted or preempted), with its outputs when it finished normally.
+    Implementations must never block and may return fewer tokens than asked.
+    """
+
+    def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]: ...
+
+    def finish(self, req_id: str, output_token_ids: list[int] | None) -> None: ...

@@ -1,0 +1,133 @@
+"""Model-free drafting from repeated text (prompt lookup / SuffixDecoding style).
+
+Agent and code traffic repeats itself: tool names and arguments, file contents being edited,
+JSON structure, earlier answers. For each request the proposer indexes every n-gram (n up to
+max_ngram) of its own context as it grows, plus a bounded global index over recent requests'
+outputs. To propose, it finds the longest suffix of the context that occurred before and follows
+what came after it, position by position, by majority vote over the most recent occurrences
+(a small frequency tree, like SuffixDecoding's): it stops where the vote gets too uncertain. The
+product of the vote shares estimates how many drafts the target will accept, which the hybrid
+proposer compares with the draft model's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+from engine.spec_decode.proposer import Proposal, ProposalRequest
+
+
+class NgramIndex:
+    """n-gram -> end positions (most recent last) over one growing token sequence."""
+
+    def __init__(self, max_ngram: int, max_occurrences: int) -> None:
+        self.max_ngram = max_ngram
+        self.max_occurrences = max_occurrences
+        self.tokens: list[int] = []
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+
+    def extend(self, new_tokens: list[int]) -> None:
+        tokens, ends = self.tokens, self.ends
+        for token in new_tokens:
+            tokens.append(token)
+            end = len(tokens) - 1
+            for n in range(1, min(self.max_ngram, len(tokens)) + 1):
+                key = tuple(tokens[end - n + 1 : end + 1])
+                positions = ends.get(key)
+                if positions is None:
+                    ends[key] = [end]
+                else:
+                    positions.append(end)
+                    if len(positions) > self.max_occurrences:
+                        del positions[0]
+
+    def occurrences(self, key: tuple[int, ...], before: int) -> list[int]:
+        """End positions of `key` that end strictly before `before` and have a continuation,
+        most recent first."""
+        positions = self.ends.get(key, ())
+        return [p for p in reversed(positions) if p < before - 1]
+
+
+class SuffixProposer:
+    def __init__(self, *, max_ngram: int = 8, min_ngram: int = 2, max_occurrences: int = 32,
+                 min_vote_share: float = 0.5, global_max_requests: int = 256, global_max_tokens: int = 1 << 18) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.max_occurrences = max_occurrences
+        self.min_vote_share = min_vote_share
+        self._requests: dict[str, NgramIndex] = {}
+        # Recent finished outputs, oldest first, each with its own index; bounded in count and tokens.
+        self._global: OrderedDict[str, NgramIndex] = OrderedDict()
+        self._global_tokens = 0
+        self.global_max_requests = global_max_requests
+        self.global_max_tokens = global_max_tokens
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    def _index_for(self, request: ProposalRequest) -> NgramIndex:
+        index = self._requests.get(request.req_id)
+        if index is None:
+            index = self._requests[request.req_id] = NgramIndex(self.max_ngram, self.max_occurrences)
+        num_prompt = len(request.prompt_token_ids)
+        have = len(index.tokens)
+        if have < num_prompt:
+            index.extend(request.prompt_token_ids[have:])
+            have = num_prompt
+        index.extend(request.output_token_ids[have - num_prompt :])
+        return index
+
+    def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
+        self._requests.pop(req_id, None)
+        if not output_token_ids or len(output_token_ids) < self.min_ngram + 1:
+            return
+        entry = NgramIndex(self.max_ngram, self.max_occurrences)
+        entry.extend(output_token_ids)
+        self._global[req_id] = entry
+        self._global_tokens += len(output_token_ids)
+        while self._global and (len(self._global) > self.global_max_requests
+                                or self._global_tokens > self.global_max_tokens):
+            _, evicted = self._global.popitem(last=False)
+            self._global_tokens -= len(evicted.tokens)
+
+    # ---- proposing ---------------------------------------------------------------------------
+    def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
+        proposals: dict[str, Proposal] = {}
+        for request in requests:
+            index = self._index_for(request)
+            proposals[request.req_id] = self._propose_one(index, request.num_drafts)
+        return proposals
+
+    def _propose_one(self, index: NgramIndex, num_drafts: int) -> Proposal:
+        tokens = index.tokens
+        best = Proposal([])
+        for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
+            key = tuple(tokens[-n:])
+            sources = [(index.tokens, p) for p in index.occurrences(key, len(tokens))]
+            if len(sources) < self.max_occurrences:
+                for entry in reversed(self._global.values()):
+                    sources += [(entry.tokens, p) for p in entry.occurrences(key, len(entry.tokens))]
+                    if len(sources) >= self.max_occurrences:
+                        break
+            if sources:
+                best = self._follow(sources[: self.max_occurrences], num_drafts)
+                break  # the longest matching suffix wins
+        return best
+
+    def _follow(self, sources: list[tuple[list[int], int]], num_drafts: int) -> Proposal:
+        """Majority vote, position by position, over what followed each occurrence."""
+        drafted: list[int] = []
+        expected = 0.0
+        confidence = 1.0
+        alive = sources
+        for offset in range(1, num_drafts + 1):
+            votes = Counter(seq[end + offset] for seq, end in alive if end + offset < len(seq))
+            if not votes:
+                break
+            token, count = votes.most_common(1)[0]
+            share = count / len(alive)
+            if share < self.min_vote_share and offset > 1:
+                break
+            confidence *= share
+            expected += confidence
+            drafted.append(token)
+            alive = [(seq, end) for seq, end in alive if end + offset < len(seq) and seq[end + offset] == token]
+        return Proposal(drafted, None, expected)

@@ -1,0 +1,76 @@
+"""Speculation changes speed, never results: greedy outputs with every speculative mode are
+token-identical to plain decoding, across batching, chunked prefill, prefix hits and preemption
+(float32 on CPU). A draft identical to the target has its drafts accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.model.resolve import embedded_gguf_path
+
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "1, 2, 3, 4, 5, 6, 7,",
+    "The capital of France is",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "',
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+# Small pools and budgets: chunked prefill (budget 16) and preemption (few blocks) happen.
+SCHEDULES = {
+    "batched": dict(kv_cache_memory="64MiB"),
+    "chunked": dict(kv_cache_memory="64MiB", max_num_batched_tokens=16),
+    "preempted": dict(block_size=4, num_blocks=40, max_num_batched_tokens=64),
+}
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    llm = LLM(dtype="float32", kv_cache_memory="64MiB", max_num_seqs=1, enable_prefix_caching=False)
+    return [llm.generate([p], GREEDY, use_tqdm=False)[0].token_ids for p in PROMPTS]
+
+
+# Hybrid runs both proposers, so it gets every schedule; the single proposers one each.
+CASES = [("hybrid", "batched"), ("hybrid", "chunked"), ("hybrid", "preempted"), ("suffix", "preempted"),
+         ("draft", "chunked")]
+
+
+@pytest.mark.parametrize(("method", "schedule"), CASES)
+def test_greedy_identical_to_plain_decoding(method: str, schedule: str, reference: list[list[int]],
+                                           small_draft: str) -> None:
+    draft = small_draft if method != "suffix" else None
+    llm = LLM(dtype="float32", speculative=method, draft=draft, num_speculative_tokens=4, **SCHEDULES[schedule])
+    first = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in first] == reference
+    # Again: now with prefix-cache hits (and, for suffix, last run's outputs in its index).
+    second = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in second] == reference
+    stats = llm.stats()
+    assert stats.spec_num_draft_tokens > 0
+    assert stats.prefix_cache_hits > 0
+    if schedule == "preempted":
+        assert stats.num_preemptions > 0
+    assert stats.kv_cache_usage == 0.0 and stats.num_running == 0
+
+
+def test_identical_draft_is_accepted() -> None:
+    llm = LLM(dtype="float32", speculative="draft", draft=embedded_gguf_path(), num_speculative_tokens=4,
+              adaptive_speculation=False, kv_cache_memory="64MiB")
+    llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    stats = llm.stats()
+    assert stats.spec_num_draft_tokens > 50
+    assert stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens >= 0.98
+
+
+def test_sampled_requests_run_with_drafts() -> None:
+    # Sampling is lossless in distribution (tests/engine/sample/test_rejection_sampler.py), not
+    # draw for draw: which drafts a request gets changes which random numbers it uses. So here:
+    # requests finish with the asked length, and a fresh engine repeats a fresh engine's run.
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=20, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        llm = LLM(dtype="float32", speculative="suffix", kv_cache_memory="64MiB")
+        runs.append([o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)])
+        assert llm.stats().spec_num_accepted_tokens > 0
+    assert all(len(tokens) == 20 for tokens in runs[0])
+    assert runs[0] == runs[1]

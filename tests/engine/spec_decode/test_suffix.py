@@ -1,0 +1,47 @@
+"""Suffix (model-free) drafting: exact proposals on repeated context and from recent outputs."""
+
+from __future__ import annotations
+
+from engine.spec_decode.proposer import ProposalRequest
+from engine.spec_decode.suffix import SuffixProposer
+
+
+def _propose(proposer: SuffixProposer, req_id: str, prompt: list[int], output: list[int], k: int):
+    return proposer.propose([ProposalRequest(req_id, prompt, output, num_drafts=k)])[req_id]
+
+
+def test_continues_the_longest_earlier_match() -> None:
+    proposer = SuffixProposer(max_ngram=4, min_ngram=2)
+    prompt = [5, 6, 7, 8, 9, 10, 1, 2, 3]
+    # The context ends in "6 7", seen before followed by 8 9 10.
+    proposal = _propose(proposer, "a", prompt, [5, 6, 7], k=3)
+    assert proposal.token_ids == [8, 9, 10]
+    assert proposal.expected_accepted == 3.0
+    # Grows incrementally with the request's outputs: now "9 10" -> 1 2 3 5
+    proposal = _propose(proposer, "a", prompt, [5, 6, 7, 8, 9, 10], k=4)
+    assert proposal.token_ids == [1, 2, 3, 5]
+
+
+def test_majority_vote_and_uncertainty_stop() -> None:
+    proposer = SuffixProposer(max_ngram=2, min_ngram=2, min_vote_share=0.6)
+    # "1 2" was followed by 3 4 twice and by 3 9 once: 3 is certain, 4 wins 2 of 3 votes.
+    prompt = [1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 9, 0]
+    proposal = _propose(proposer, "a", prompt, [1, 2], k=4)
+    assert proposal.token_ids[:2] == [3, 4]
+    assert proposal.expected_accepted < len(proposal.token_ids)
+
+
+def test_no_match_proposes_nothing() -> None:
+    proposer = SuffixProposer()
+    assert _propose(proposer, "a", [1, 2, 3, 4], [5], k=4).token_ids == []
+
+
+def test_finished_outputs_feed_later_requests_and_are_bounded() -> None:
+    proposer = SuffixProposer(max_ngram=3, min_ngram=2, global_max_requests=2)
+    proposer.propose([ProposalRequest("old", [100], [40, 41, 42, 43, 44], num_drafts=1)])
+    proposer.finish("old", [40, 41, 42, 43, 44])
+    # A new request whose context ends with "41 42" gets the old output's continuation.
+    assert _propose(proposer, "new", [7, 8, 41, 42], [], k=2).token_ids == [43, 44]
+    for i in range(3):  # older entries fall out of the bounded index
+        proposer.finish(f"filler{i}", [200 + i, 201 + i, 202 + i, 203 + i])
+    assert _propose(proposer, "newer", [9, 41, 42], [], k=2).token_ids == []
