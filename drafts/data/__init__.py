@@ -1,0 +1,1 @@
+"""Distillation data: stdlib sources, written prompts, target transcripts, the token corpus."""
