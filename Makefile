@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test bench-engine clean
+.PHONY: serve test bench-engine load bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,23 @@ test: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) -m engine.benchmarks.offline --write-docs $(ARGS)
+
+# A short Locust scenario mix (agent tool loops, IDE completion with cancellations, RAG, chat)
+# against the server of `make serve`; reports under runs/load/. HOST, USERS, DURATION override.
+HOST ?= http://127.0.0.1:8000
+USERS ?= 8
+DURATION ?= 60s
+load: $(STAMP)
+	mkdir -p runs/load
+	$(PY) -m locust -f scenarios/locust/locustfile.py --headless -u $(USERS) -r $(USERS) -t $(DURATION) \
+		--host $(HOST) --csv runs/load/load --html runs/load/load.html \
+		--samples-out runs/load/samples.jsonl --only-summary $(ARGS)
+
+# draftgate (speculation off and on) and llama.cpp's llama-server side by side on the same GGUF;
+# builds llama-server on first use (~20 min, cached in ~/.cache/draftgate); rewrites its section
+# of docs/benchmarks.md and the plots in docs/img/.
+bench: $(STAMP)
+	$(PY) -m scenarios.bench --write-docs $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
