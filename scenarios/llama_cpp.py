@@ -8,7 +8,7 @@ slots), not the Python server of llama-cpp-python. The llama-cpp-python source d
 PyPI vendors llama.cpp's sources, so the build needs nothing but pip, cmake and a C++ compiler:
 `pip download --no-binary :all: --no-deps llama-cpp-python` fetches it, cmake builds only the
 `llama-server` target (about 20 minutes on 2 cores). Binary and sources are cached outside the
-repository (DRAFTGATE_CACHE or ~/.cache/draftgate): llama.cpp code never enters this project.
+repository (DRAFTGATE_CACHE_DIR or ~/.cache/draftgate): llama.cpp code never enters this project.
 
 Only HTTP and processes: nothing of engine/ or gateway/ is imported. The embedded GGUF path is
 asked of the installed product in a child interpreter (`engine.model.resolve`), so there is one
@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 LLAMA_SERVER_ENV = "DRAFTGATE_LLAMA_SERVER"  # an explicit binary wins over everything else
-CACHE_ENV = "DRAFTGATE_CACHE"
+CACHE_ENV = "DRAFTGATE_CACHE_DIR"  # shared with kernels/cpu
 SDIST_PACKAGE = "llama-cpp-python"
 
 # Options that keep the build small and offline: no tests/examples, no HTTPS or curl (the server

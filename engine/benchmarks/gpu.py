@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-DOCS_BEGIN = "<!-- gpu-benchmark:begin -->"
-DOCS_END = "<!-- gpu-benchmark:end -->"
+from engine.benchmarks.docs_section import write_section
+
 
 
 @dataclass(frozen=True)
@@ -313,18 +313,9 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def write_docs(report: str) -> None:
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks.md")
-    section = (f"{DOCS_BEGIN}\n## GPU kernels and quantized decode\n\n"
-               f"Command: `.venv/bin/python -m engine.benchmarks.gpu --write-docs`. Measured "
-               f"{time.strftime('%Y-%m-%d')}.\n\n{report}\n{DOCS_END}")
-    current = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if DOCS_BEGIN in current:
-        head, rest = current.split(DOCS_BEGIN, 1)
-        current = head + section + rest.split(DOCS_END, 1)[1]
-    else:
-        current = current.rstrip() + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(current)
+    write_section("gpu-benchmark",
+                  f"## GPU kernels and quantized decode\n\nCommand: `.venv/bin/python -m engine.benchmarks.gpu "
+                  f"--write-docs`. Measured {time.strftime('%Y-%m-%d')}.\n\n{report}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import sysconfig
 import time
 from contextlib import contextmanager
@@ -34,8 +35,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-DOCS_BEGIN = "<!-- quant-benchmark:begin -->"
-DOCS_END = "<!-- quant-benchmark:end -->"
+from engine.benchmarks.docs_section import write_section
+
 HELD_OUT_MODULES = ("textwrap.py", "argparse.py", "json/__init__.py", "shlex.py", "fractions.py")
 
 
@@ -189,7 +190,7 @@ def table(configs: list[Config], args: argparse.Namespace) -> str:
         f"{args.ppl_tokens} tokens, one forward. Decode: a 32-token prompt, {args.decode_tokens} greedy tokens, "
         "timed first to last token; 8 streams: aggregate. Throughput: the offline benchmark's workload "
         f"({args.throughput_requests} requests, prompt and output lengths 32-128, all at once). "
-        f"{args.threads} threads, medians of {args.rounds} interleaved rounds; ratios against float32 in the same "
+        f"Threads: {args.threads}; medians of {args.rounds} interleaved rounds; ratios against float32 in the same "
         "run. Weight formats apply to every linear and the lm_head (int4: group 32 for this GGUF model, "
         "lm_head int8); activations bf16. fp8 has no CPU kernel (perplexity only).",
         "",
@@ -206,19 +207,11 @@ def table(configs: list[Config], args: argparse.Namespace) -> str:
 
 
 def write_docs(text: str, args: argparse.Namespace) -> None:
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks.md")
     machine = f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}"
-    section = (f"{DOCS_BEGIN}\n## Quantized execution on the CPU: perplexity and decode\n\n"
-               f"Command: `.venv/bin/python -m engine.benchmarks.quant --write-docs` (rounds {args.rounds})\n\n"
-               f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{text}\n{DOCS_END}")
-    current = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if DOCS_BEGIN in current:
-        head, rest = current.split(DOCS_BEGIN, 1)
-        current = head + section + rest.split(DOCS_END, 1)[1]
-    else:
-        current = current.rstrip() + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(current)
+    write_section("quant-benchmark",
+                  f"## Quantized execution on the CPU: perplexity and decode\n\n"
+                  f"Command: `.venv/bin/python -m engine.benchmarks.quant {' '.join(args.argv)}`\n\n"
+                  f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{text}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--throughput-requests", type=int, default=16, help="0: skip the throughput column")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     configs = run(args)
     text = table(configs, args)
     print(text)
