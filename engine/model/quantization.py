@@ -100,6 +100,18 @@ def _swap_lm_head(model: LlamaForCausalLM, method: str) -> None:
     model.lm_head = _HeadWithWeight(inner, weight) if keep else inner
 
 
+def prepare_draft_layers(model: LlamaForCausalLM, device: torch.device) -> bool:
+    """The fastest unquantized execution form for a draft model's decoder linears only (its
+    output head is computed by the proposer, over a reduced vocabulary). Returns whether any
+    form was applied."""
+    if not (device.type == "cpu" and model.embed_tokens.weight.dtype == torch.bfloat16
+            and onednn_bf16_available()):
+        return False
+    with torch.no_grad():
+        _swap_linears(model.layers, "bf16-prepacked", INT4_GROUP_SIZE)
+    return True
+
+
 def prepare_for_inference(model: LlamaForCausalLM, quantization: str | None, device: torch.device, *,
                           int4_group_size: int = INT4_GROUP_SIZE) -> str | None:
     """Applies `quantization` (a QUANTIZE_AT_LOAD method, or None) to a loaded model in place,

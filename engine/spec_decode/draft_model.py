@@ -29,10 +29,12 @@ from engine.model.attention_metadata import AttentionMetadata
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import load_model
 from engine.model.loader.hf_loader import load_hf_model
+from engine.model.quantization import prepare_draft_layers, prepare_for_inference
 from engine.config import SpeculativeConfig
 from engine.model.resolve import EMBEDDED_MODEL_NAME, ResolvedModel, resolve_model
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
+from kernels.onednn_linear import onednn_linear, prepack_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class DraftModel:
     # of each output row ([output_vocab] int64); None: the model's own head over the full vocabulary.
     head_weight: torch.Tensor | None
     vocab_ids: torch.Tensor | None
+    # head_weight prepacked for oneDNN (bf16 on CPUs with AMX / AVX512-BF16), else None.
+    head_packed: torch.Tensor | None = None
 
 
 # The draft shipped for the embedded model (trained by drafts/, stored in the repository).
@@ -69,7 +73,7 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
                      device: torch.device) -> DraftModel:
     resolved = resolve_model(path)
     if resolved.format == "gguf":
-        model, arch = load_model(resolved, dtype=dtype, device=device, progress=False)
+        model, arch = load_model(resolved, dtype=dtype, device=device, progress=False, inference_only=True)
         _check_vocab(arch, target_arch, path)
         return DraftModel(model, arch, None, None)
     with open(os.path.join(resolved.path, "config.json"), encoding="utf-8") as f:
@@ -77,6 +81,13 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
     provided = {}
     if extra.get("shared_embedding"):
         provided["model.embed_tokens.weight"] = target.embed_tokens.weight
+        if not target_arch.tie_word_embeddings:
+            # An untied target's output head is its lm_head, not its embedding.
+            head = getattr(target.lm_head, "weight", None)
+            if head is None:
+                raise ValueError(f"draft {path!r} shares the output head of the target, whose head is quantized "
+                                 f"here: serve the target unquantized, or use a draft with its own head")
+            provided["lm_head.weight"] = head
     model, arch = load_hf_model(resolved.path, dtype, device, progress=False, provided=provided)
     _check_vocab(arch, target_arch, path)
     head_weight = vocab_ids = None
@@ -86,7 +97,14 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
         if vocab_ids.numel() == 0 or int(vocab_ids.max()) >= target_arch.vocab_size:
             raise ValueError(f"{vocab_file}: draft_vocab_ids must be non-empty target token ids")
         head_weight = model.lm_head.weight.index_select(0, vocab_ids)  # [output_vocab, hidden]
-    return DraftModel(model, arch, head_weight, vocab_ids)
+    # Drafting is k tiny forwards per step, so per-call weight reordering would dominate: the
+    # decoder linears and the reduced head are prepacked like the target's (bf16 on AMX CPUs).
+    head_packed = None
+    if prepare_draft_layers(model, device) and head_weight is not None:
+        head_packed = prepack_bf16(head_weight)
+    elif head_weight is None:
+        prepare_for_inference(model, None, device)
+    return DraftModel(model, arch, head_weight, vocab_ids, head_packed)
 
 
 def _check_vocab(arch: ArchConfig, target_arch: ArchConfig, path: str) -> None:
@@ -149,7 +167,10 @@ class DraftModelProposer:
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n] target token ids
         if self.draft.head_weight is None:
             return self.draft.model.compute_logits(hidden).argmax(dim=-1)
-        rows = torch.nn.functional.linear(hidden, self.draft.head_weight).argmax(dim=-1)
+        if self.draft.head_packed is not None:
+            rows = onednn_linear(hidden, self.draft.head_packed).argmax(dim=-1)
+        else:
+            rows = torch.nn.functional.linear(hidden, self.draft.head_weight).argmax(dim=-1)
         assert self.draft.vocab_ids is not None
         return self.draft.vocab_ids.index_select(0, rows)
 
