@@ -7,8 +7,9 @@
 
 Systems, one after the other (never two at once, so each has the machine's cores):
   draftgate            `draftgate serve --speculative none`
-  draftgate+spec       `--speculative hybrid` with the shipped draft when drafts/smollm2-135m-draft
-                       exists, else `--speculative suffix` (model-free)
+  draftgate+spec       `--speculative suffix` (model-free): on this machine the fastest speculative
+                       mode for agent traffic (engine.benchmarks.speculative; the shipped draft
+                       is too weak to pay for itself yet)
   llama.cpp            C++ `llama-server` built from the llama-cpp-python sdist (scenarios/llama_cpp.py),
                        restarted per level with --parallel = the level's users
 
@@ -42,7 +43,6 @@ from scenarios.locust.samples import read_samples, summarize
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = REPO_ROOT / "scenarios" / "locust" / "locustfile.py"
-SHIPPED_DRAFT = REPO_ROOT / "drafts" / "smollm2-135m-draft"
 SYSTEMS = ("draftgate", "draftgate+spec", "llama.cpp")
 MIX_LABEL = "mix"
 
@@ -56,7 +56,7 @@ class SystemSpec:
 
 def system_specs(names: list[str], threads: int, extra_draftgate: list[str], extra_llama: list[str]) -> list[SystemSpec]:
     common = ("--num-threads", str(threads), "--kv-cache-memory", "2GiB", *extra_draftgate)
-    speculative = ("--speculative", "hybrid") if SHIPPED_DRAFT.is_dir() else ("--speculative", "suffix")
+    speculative = ("--speculative", "suffix")
     table = {
         "draftgate": SystemSpec("draftgate", "draftgate", ("--speculative", "none", *common)),
         "draftgate+spec": SystemSpec("draftgate+spec", "draftgate", (*speculative, *common)),

@@ -2,13 +2,14 @@
 
     python -m engine.benchmarks.speculative [--draft PATH] [--max-tokens 128] [--write-docs]
 
-Three workloads, each rendered with the model's chat template and decoded greedily (so every
-method must produce the very same tokens, which the script checks):
+Three workloads, each rendered with the model's chat template and decoded greedily (in float32
+every method must produce the very same tokens, which the script checks; in bf16 it counts them):
 - code: requests to write or modify Python code, some quoting code to change;
 - chat: short open questions;
 - agent: tool-loop turns: a system prompt with tools, earlier tool calls and their JSON results,
   and the model's next tool call or answer.
-Single-stream: one request at a time; 8 streams: 8 requests submitted together. Wall-clock
+Single-stream: one request at a time; 8 streams: 8 requests submitted together. Every
+measurement gets a fresh engine (no prefix cache or suffix index from another measurement). Wall-clock
 output tokens/s, speedup over "none", acceptance rate (accepted / drafted) and mean accepted
 length per verification, and the share of runner time spent proposing.
 """
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 
 import torch
@@ -111,6 +113,33 @@ def run(llm: LLM, prompts: list[list[int]], streams: int, params: SamplingParams
     return time.perf_counter() - started, outputs
 
 
+def _measure(method: str, name: str, streams: int, params: SamplingParams,
+             args: argparse.Namespace) -> tuple[dict, list[list[int]], str]:
+    """One timed run on a fresh engine: the suffix proposer indexes earlier outputs, and must not
+    find this workload's answers from another measurement."""
+    options = {"speculative": method, "num_speculative_tokens": args.num_speculative_tokens}
+    if method in ("draft", "hybrid") and args.draft:
+        options["draft"] = args.draft
+    llm = LLM(dtype=args.dtype, **options)
+    prompts = workloads(llm)[name][: args.num_prompts]
+    llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    llm.reset_prefix_cache()
+    before = llm.stats()
+    seconds, outputs = run(llm, prompts, streams, params)
+    after = llm.stats()
+    sample = {
+        "tokens": sum(len(o) for o in outputs), "seconds": seconds,
+        "drafted": after.spec_num_draft_tokens - before.spec_num_draft_tokens,
+        "accepted": after.spec_num_accepted_tokens - before.spec_num_accepted_tokens,
+        "verifications": after.spec_num_drafts - before.spec_num_drafts,
+        "proposer_seconds": after.spec_proposer_seconds - before.spec_proposer_seconds,
+        "runner_seconds": after.runner_seconds - before.runner_seconds,
+    }
+    dtype = str(llm.engine.runner.dtype).removeprefix("torch.")
+    del llm
+    return sample, outputs, dtype
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draft", default=None, help="draft model (default: the shipped draft)")
@@ -120,65 +149,63 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", default="1,8")
     parser.add_argument("--num-prompts", type=int, default=8, help="prompts per workload")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--rounds", type=int, default=3, help="medians over this many interleaved rounds")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     methods = args.methods.split(",")
     stream_counts = [int(s) for s in args.streams.split(",")]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
 
-    results: dict[tuple[str, str, int], dict] = {}
+    # Every measurement once per round, methods interleaved within a round (the machine is
+    # shared and drifts); tokens/s is the median over rounds, acceptance pools all rounds.
+    samples: dict[tuple[str, str, int], list[dict]] = {}
     reference: dict[tuple[str, int], list[list[int]]] = {}
-    for method in methods:
-        options = {"speculative": method, "num_speculative_tokens": args.num_speculative_tokens}
-        if method in ("draft", "hybrid") and args.draft:
-            options["draft"] = args.draft
-        llm = LLM(dtype=args.dtype, **options)
-        loads = {name: prompts[: args.num_prompts] for name, prompts in workloads(llm).items()}
-        llm.generate([loads["chat"][0]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-        for name, prompts in loads.items():
+    dtype = args.dtype
+    for _ in range(args.rounds):
+        for name in ("code", "chat", "agent"):
             for streams in stream_counts:
-                llm.reset_prefix_cache()
-                before = llm.stats()
-                seconds, outputs = run(llm, prompts, streams, params)
-                after = llm.stats()
-                key = (name, streams)
-                if key not in reference:
-                    reference[key] = outputs
-                elif outputs != reference[key]:
-                    raise RuntimeError(f"{method} changed the greedy output of {name} at {streams} streams")
-                drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
-                accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
-                verifications = after.spec_num_drafts - before.spec_num_drafts
-                runner = after.runner_seconds - before.runner_seconds
-                results[(method, name, streams)] = {
-                    "tokens": sum(len(o) for o in outputs), "seconds": seconds,
-                    "acceptance": accepted / drafted if drafted else None,
-                    "mean_accepted": (accepted / verifications + 1) if verifications else None,
-                    "proposer_share": ((after.spec_proposer_seconds - before.spec_proposer_seconds) / runner
-                                       if runner else 0.0),
-                }
-        dtype = str(llm.engine.runner.dtype).removeprefix("torch.")
-        del llm
+                for method in methods:
+                    sample, outputs, dtype = _measure(method, name, streams, params, args)
+                    key = (name, streams)
+                    reference.setdefault(key, outputs)
+                    if outputs != reference[key] and dtype == "float32":
+                        raise RuntimeError(f"{method} changed the greedy output of {name} at {streams} streams")
+                    # In bf16 a verification forward over k + 1 tokens rounds differently from k + 1
+                    # one-token forwards, so a near-tie may flip the argmax: counted, not an error.
+                    sample["identical"] = sum(a == b for a, b in zip(outputs, reference[key]))
+                    sample["num_outputs"] = len(outputs)
+                    samples.setdefault((method, name, streams), []).append(sample)
 
     lines = [
-        "| workload | streams | method | output tokens/s | speedup | acceptance | mean accepted length | proposer share |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| workload | streams | method | output tokens/s | speedup | acceptance | mean accepted length | proposer share "
+        "| outputs identical to none |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name in ("code", "chat", "agent"):
         for streams in stream_counts:
-            base = results.get(("none", name, streams))
+            base = samples.get(("none", name, streams))
+            base_tps = statistics.median(s["tokens"] / s["seconds"] for s in base) if base else None
             for method in methods:
-                r = results[(method, name, streams)]
-                tps = r["tokens"] / r["seconds"]
-                speedup = f"{(base['seconds'] / r['seconds']):.2f}x" if base else "-"
-                acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-                mal = f"{r['mean_accepted']:.2f}" if r["mean_accepted"] is not None else "-"
+                runs = samples[(method, name, streams)]
+                tps = statistics.median(s["tokens"] / s["seconds"] for s in runs)
+                # Tokens/s ratio: in bf16 the outputs (and so their lengths) may differ from none's.
+                speedup = f"{tps / base_tps:.2f}x" if base_tps else "-"
+                drafted = sum(s["drafted"] for s in runs)
+                accepted = sum(s["accepted"] for s in runs)
+                verifications = sum(s["verifications"] for s in runs)
+                acc = f"{accepted / drafted:.2f}" if drafted else "-"
+                mal = f"{accepted / verifications + 1:.2f}" if verifications else "-"
+                share = sum(s["proposer_seconds"] for s in runs) / max(sum(s["runner_seconds"] for s in runs), 1e-9)
+                identical = sum(s["identical"] for s in runs)
+                total = sum(s["num_outputs"] for s in runs)
                 lines.append(f"| {name} | {streams} | {method} | {tps:.1f} | {speedup} | {acc} | {mal} | "
-                             f"{r['proposer_share']:.0%} |")
+                             f"{share:.0%} | {identical}/{total} |")
     table = "\n".join(lines)
     header = (f"Greedy, max_tokens={args.max_tokens}, num_speculative_tokens={args.num_speculative_tokens} "
-              f"(adaptive), {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; draft: "
-              f"{args.draft or 'the shipped draft'}. Every method's outputs were checked identical to 'none'.")
+              f"(adaptive), {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; medians of "
+              f"{args.rounds} interleaved rounds (acceptance over all rounds); draft: "
+              f"{args.draft or 'the shipped draft'}. In float32 every method's outputs must equal 'none' (the run "
+              f"stops otherwise); in bf16 the last column counts them (see the note below the table).")
     print(header + "\n\n" + table)
     if args.write_docs:
         _write_docs(header, table, argv)
@@ -189,7 +216,10 @@ def _write_docs(header: str, table: str, argv: list[str] | None) -> None:
     machine = f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}"
     write_section("speculative-benchmark",
                   f"## Speculative decoding: none, draft, suffix, hybrid\n\nCommand: `{command.strip()}`\n\n"
-                  f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{header}\n\n{table}")
+                  f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{header}\n\n{table}\n\n"
+                  "Outputs that differ from 'none' in bf16 are rounding, not lost exactness: a verification "
+                  "forward over k + 1 tokens rounds differently from k + 1 one-token forwards, and a near-tie "
+                  "flips the argmax; in float32 the outputs are identical (tests/engine/spec_decode).")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ class ProposalRequest:
     # the last one just sampled.
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    num_drafts: int  # how many tokens to propose at most (adaptive; >= 1)
+    num_drafts: int  # how many tokens to propose at most (adaptive; 0: none this step)
     block_ids: list[int] = field(default_factory=list)  # its KV blocks (lookahead slots included)
 
 

@@ -87,15 +87,11 @@ def test_prometheus_counters_and_acceptance() -> None:
     assert bench.acceptance_rate({}, {}) is None
 
 
-def test_speculation_uses_the_shipped_draft_only_when_it_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "SHIPPED_DRAFT", tmp_path / "missing")
+def test_systems_are_started_as_described() -> None:
     specs = bench.system_specs(["draftgate", "draftgate+spec", "llama.cpp"], 2, [], ["--cache-reuse", "256"])
     assert specs[0].server_args[:2] == ("--speculative", "none") and "--num-threads" in specs[0].server_args
     assert specs[1].server_args[:2] == ("--speculative", "suffix")
     assert specs[2].server_args == ("--cache-reuse", "256")
-    (tmp_path / "draft").mkdir()
-    monkeypatch.setattr(bench, "SHIPPED_DRAFT", tmp_path / "draft")
-    assert bench.system_specs(["draftgate+spec"], 2, [], [])[0].server_args[:2] == ("--speculative", "hybrid")
     with pytest.raises(ValueError, match="unknown vllm"):
         bench.system_specs(["vllm"], 2, [], [])
 
