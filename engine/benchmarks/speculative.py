@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _write_docs(header: str, table: str, argv: list[str] | None) -> None:
-    command = "python -m engine.benchmarks.speculative " + " ".join(argv or [])
+    command = "python -m engine.benchmarks.speculative " + " ".join(sys.argv[1:] if argv is None else argv)
     machine = f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}"
     write_section("speculative-benchmark",
                   f"## Speculative decoding: none, draft, suffix, hybrid\n\nCommand: `{command.strip()}`\n\n"
