@@ -45,7 +45,7 @@ def test_the_cached_build_is_found_before_path(tmp_path: Path, monkeypatch: pyte
     (tmp_path / "bin").mkdir()
     on_path = _executable(tmp_path / "bin" / "llama-server")
     assert llama_cpp.find_llama_server() == on_path
-    cached = _executable(tmp_path / f"llama-server-{llama_cpp.cpu_fingerprint()}")
+    cached = _executable(tmp_path / f"llama-server-{llama_cpp.build_key()}")
     assert llama_cpp.cached_binary_path() == cached and llama_cpp.find_llama_server() == cached
 
 
