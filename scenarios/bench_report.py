@@ -276,13 +276,14 @@ def draw_plots(results: BenchResults, image_dir: Path) -> list[tuple[str, str]]:
     return [(FRONTIER_PNG, "latency-throughput frontier"), (TTFT_BY_TURN_PNG, "TTFT by agent turn")]
 
 
-def write_docs_section(section: str, path: Path) -> None:
-    """Replaces only the text between this benchmark's markers (appends them when absent)."""
+def write_docs_section(section: str, path: Path, begin: str = DOCS_BEGIN, end: str = DOCS_END) -> None:
+    """Replaces only the text between a benchmark's markers (appends them when absent); every
+    scenarios/ benchmark writes its docs section through here."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{DOCS_BEGIN}\n{section}\n{DOCS_END}"
-    if DOCS_BEGIN in text and DOCS_END in text:
-        start, end = text.index(DOCS_BEGIN), text.index(DOCS_END) + len(DOCS_END)
-        text = text[:start] + block + text[end:]
+    block = f"{begin}\n{section}\n{end}"
+    if begin in text and end in text:
+        start, stop = text.index(begin), text.index(end) + len(end)
+        text = text[:start] + block + text[stop:]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from scenarios.agent_trace import AgentSession, make_sessions
+from scenarios.bench_report import write_docs_section
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCS_BEGIN = "<!-- canonical-benchmark:begin -->"
@@ -254,14 +255,7 @@ def markdown(reports: list[PolicyReport], args: argparse.Namespace, command: str
 
 
 def write_docs(section: str, path: Path = REPO_ROOT / "docs" / "benchmarks.md") -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{DOCS_BEGIN}\n{section}\n{DOCS_END}"
-    if DOCS_BEGIN in text and DOCS_END in text:
-        start, end = text.index(DOCS_BEGIN), text.index(DOCS_END) + len(DOCS_END)
-        text = text[:start] + block + text[end:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
+    write_docs_section(section, path, DOCS_BEGIN, DOCS_END)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,7 +60,7 @@ class SpeculationController:
         previous = self._acceptance.get(req_id, INITIAL_ACCEPTANCE)
         self._acceptance[req_id] = (1 - EMA_WEIGHT) * previous + EMA_WEIGHT * rate
 
-    def num_drafts(self, req_id: str, batch_size: int) -> int:
+    def num_drafts(self, batch_size: int) -> int:
         """The most tokens any proposer may draft for this request this step (batch-scaled k)."""
         k = self.max_drafts
         if not self.config.adaptive:
@@ -90,7 +90,7 @@ class SpeculationController:
             return {}
         started = time.perf_counter()
         for request in requests:
-            request.num_drafts = min(request.num_drafts, self.num_drafts(request.req_id, batch_size))
+            request.num_drafts = min(request.num_drafts, self.num_drafts(batch_size))
         method = self.config.method
         proposals: dict[str, Proposal] = {}
         if method in ("suffix", "hybrid"):
