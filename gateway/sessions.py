@@ -6,8 +6,11 @@ metadata.user_id); by the OpenAI `user` field; else it is derived from the canon
 engine's block key (engine.core.block_hash) over the tokens of the tools, the system prompt and
 the first user message, which every turn of one conversation repeats.
 
-For each request the registry keeps the session's previous turn: its canonical segments and
-the prefix-cache keys of its prompt plus generated tokens. A new request is compared with it
+For each request the registry keeps the session's previous turn: its canonical segments, the
+prefix-cache keys of its prompt plus generated tokens, and where its volatile notes stood. Under
+policy safe a new request gets those notes back in place (gateway/canonical/pipeline.py,
+`with_pinned_notes`), where its messages still match, so the previous prompt and output repeat
+token for token; it is then compared with the previous turn
 (gateway/canonical/diagnostics.py) for the response's prefix report. A turn that may end in a
 tool call asks the engine to retain its KV blocks (engine/core/session_retention.py) for the
 TTL: when the tool's result comes back, the next turn finds its prefix even if other traffic
@@ -19,7 +22,7 @@ from __future__ import annotations
 import collections
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +35,12 @@ from gateway.canonical.diagnostics import (
     Segment,
     conversation_segments,
     first_divergence,
+    message_digest,
     output_segment,
     reusable_tokens,
+    tool_list_digest,
 )
-from gateway.canonical.pipeline import CanonicalConversation
+from gateway.canonical.pipeline import CanonicalConversation, with_pinned_notes
 from gateway.chat_prompt import ChatPrompt, render_chat_prompt_async
 from gateway.state import GatewayState
 from gateway.tool_prompt import ToolChoice
@@ -93,6 +98,11 @@ class _Turn:
     segments: list[Segment]  # the request's canonical segments plus its output segment
     block_hashes: list[bytes]  # keys of its prompt + generated tokens
     updated_at: float
+    # What its notes followed: the digest of the tools and of each client message (its output
+    # last), and (client messages before it, text) of each note.
+    tools_digest: bytes = b""
+    message_digests: list[bytes] = field(default_factory=list)
+    notes: list[tuple[int, str]] = field(default_factory=list)
 
 
 class SessionRegistry:
@@ -146,6 +156,9 @@ class SessionTurn:
     seed: str
     cache_salt: str | None
     is_tool_turn: bool = False
+    tools_digest: bytes = b""
+    message_digests: list[bytes] = field(default_factory=list)
+    notes: list[tuple[int, str]] = field(default_factory=list)
     finished: bool = field(default=False)
 
     def extension(self) -> dict[str, Any] | None:
@@ -162,8 +175,13 @@ class SessionTurn:
         self.finished = True
         stream = self.prompt_token_ids + list(output_token_ids)
         block_hashes = hash_token_blocks(stream, self.block_size, self.seed, self.cache_salt)
-        self.registry.record(self.session_id, _Turn([*self.segments, output_segment(content, tool_calls)],
-                                                    block_hashes, time.monotonic()))
+        output = output_segment(content, tool_calls)
+        self.registry.record(self.session_id, _Turn([*self.segments, output], block_hashes, time.monotonic(),
+                                                    self.tools_digest, [*self.message_digests, output[1]],
+                                                    self.notes))
+
+
+Render = Callable[[CanonicalConversation], Awaitable[ChatPrompt]]
 
 
 async def open_turn(
@@ -171,23 +189,32 @@ async def open_turn(
     headers: Mapping[str, str],
     body: bytes,
     canonical: CanonicalConversation,
-    prompt: ChatPrompt,
+    render: Render,
     cache_salt: str | None = None,
-) -> SessionTurn:
-    """Identifies the request's session, compares it with the session's previous turn, and
-    decides whether the engine should retain this turn's blocks."""
+) -> tuple[SessionTurn, CanonicalConversation, ChatPrompt]:
+    """Identifies the request's session, puts the session's earlier notes back in place, renders
+    the prompt, compares it with the session's previous turn, and decides whether the engine
+    should retain this turn's blocks. Returns the turn and the conversation and prompt to run."""
     engine = state.serving_engine()
     block_size = int(getattr(engine, "block_size", 0) or DEFAULT_BLOCK_SIZE)
     seed = str(getattr(engine, "block_hash_seed", "") or engine.model_name)
+    prompt = await render(canonical)
     identity = explicit_session(headers, body)
     if identity is None:
         prefix_ids = await _session_prefix_token_ids(engine.tokenizer, canonical, prompt)
         identity = "prefix-" + prefix_key(prefix_ids, block_size, seed, cache_salt), "derived"
     session_id, source = identity
     registry = registry_for(state)
+    previous = registry.previous(session_id)
+    tools_digest = tool_list_digest(canonical.tools)
+    message_digests = [message_digest(message) for message in canonical.conversation_messages]
+    if previous is not None and previous.notes:
+        pinned = with_pinned_notes(canonical, _still_valid_notes(previous, tools_digest, message_digests))
+        if pinned is not canonical:
+            canonical = pinned
+            prompt = await render(canonical)
     segments = conversation_segments(canonical)
     block_hashes = hash_token_blocks(prompt.token_ids, block_size, seed, cache_salt)
-    previous = registry.previous(session_id)
     report = PrefixReport(
         session_id=session_id, session_source=source, policy=canonical.policy.label,
         diverged_segment=first_divergence(previous.segments if previous else None, segments),
@@ -205,8 +232,22 @@ async def open_turn(
                                   require_text)
     state.metrics.observe_prefix(report.diverged_segment, report.reusable_tokens, report.prompt_tokens,
                                  report.rules_applied)
-    return SessionTurn(registry, session_id, report, retention, segments, list(prompt.token_ids), block_size,
-                       seed, cache_salt, is_tool_turn=prompt.parse_tools)
+    turn = SessionTurn(registry, session_id, report, retention, segments, list(prompt.token_ids), block_size,
+                       seed, cache_salt, is_tool_turn=prompt.parse_tools, tools_digest=tools_digest,
+                       message_digests=message_digests, notes=canonical.note_positions())
+    return turn, canonical, prompt
+
+
+def _still_valid_notes(previous: _Turn, tools_digest: bytes, message_digests: Sequence[bytes]) -> list[tuple[int, str]]:
+    """The previous turn's notes whose preceding messages (and tools) this request repeats."""
+    if previous.tools_digest != tools_digest:
+        return []
+    valid = []
+    for position, text in previous.notes:
+        if message_digests[:position] != previous.message_digests[:position]:
+            break  # every later note follows the differing message too
+        valid.append((position, text))
+    return valid
 
 
 async def _session_prefix_token_ids(tokenizer: Any, canonical: CanonicalConversation, prompt: ChatPrompt) -> list[int]:

@@ -248,8 +248,10 @@ def markdown(reports: list[PolicyReport], args: argparse.Namespace, command: str
         met = "met" if safe >= 0.9 and off < 0.2 else "not met"
         lines += ["", f"Goal: safe >= 90% where off stays under 20%: safe {safe:.1%}, off {off:.1%} ({met})."]
     lines += ["", "TTFT is the time to the first streamed frame after the opening role frame (the first "
-              "generated tokens of the forced tool call). Under `safe` only the trailing volatile note, the new "
-              "tool call and its result are computed on a later turn; under `off` the billing-header nonce on the "
+              "generated tokens of the forced tool call). Under `safe` a later turn extends the previous prompt "
+              "and output (the earlier notes stay pinned where they were), so it computes its tool result and "
+              "new note, plus any output that did not render back as generated; under `aggressive` the same "
+              "without a note; under `off` the billing-header nonce on the "
               "first line breaks every prompt at its first block."]
     return "\n".join(lines)
 

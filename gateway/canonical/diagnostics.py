@@ -3,7 +3,8 @@ previous request, and how many of its tokens were reusable.
 
 A request is cut into canonical segments in prompt order: the `system` prompt, the `tools`
 (templates write them into the system turn, after its text), each other message
-(`message[i]`), then the `volatile-note`. The previous request of the same session is
+(`message[i]`), and the `volatile-note`s (the trailing one, and under policy safe the notes of the
+session's earlier turns pinned where they were; gateway/canonical/pipeline.py). The previous request of the same session is
 cut the same way, followed by an `output` segment: the assistant message its generation
 produced, as the client would send it back. The first segment whose digest differs names what
 broke the prefix:
@@ -13,7 +14,7 @@ broke the prefix:
 - `message[i]`: the history was edited at message i;
 - `output`: the client sent the previous answer back differently from how it was generated
   (a render-stability problem);
-- `volatile-note`: only the trailing note stood in the way (expected under policy safe);
+- `volatile-note`: only a note stood in the way (the previous note is not where it was);
 - `none`: the request extends the previous one exactly; `new-session`: no previous request.
 
 Reusable tokens are counted in the engine's own hash space: the leading prefix-cache block keys
@@ -56,22 +57,30 @@ def message_digest(message: Mapping[str, Any]) -> bytes:
     return _digest([message.get("role"), message.get("content") or "", message.get("name"), calls])
 
 
+def tool_list_digest(tools: Sequence[Mapping[str, Any]] | None) -> bytes:
+    return _digest(tools or [])
+
+
 def conversation_segments(canonical: CanonicalConversation) -> list[Segment]:
     """The canonical segments of a request, in prompt order: the system prompt, then the tools
     (templates write the tool block after the system text, inside the system turn), then the
-    other messages and the volatile note."""
+    other messages (named by their index among the client's messages) and the volatile notes."""
     segments: list[Segment] = []
-    tools: Segment = ("tools", _digest(canonical.tools or []))
-    for index, message in enumerate(canonical.messages):
-        if index == 0 and message.get("role") == "system" and not message.get(NOTE_KEY):
-            segments += [("system", message_digest(message)), tools]
-            continue
-        if index == 0:
-            segments.append(tools)
+    tools: Segment = ("tools", tool_list_digest(canonical.tools))
+    index = 0  # among the client's messages: notes are the gateway's, not the client's
+    for position, message in enumerate(canonical.messages):
         if message.get(NOTE_KEY):
+            if position == 0:
+                segments.append(tools)
             segments.append((VOLATILE_NOTE, _digest(message["content"])))
+            continue
+        if index == 0 and message.get("role") == "system":
+            segments += [("system", message_digest(message)), tools]
         else:
+            if position == 0:
+                segments.append(tools)
             segments.append((f"message[{index}]", message_digest(message)))
+        index += 1
     return segments or [tools]
 
 
@@ -86,8 +95,11 @@ def first_divergence(previous: Sequence[Segment] | None, current: Sequence[Segme
     """The name of the first segment where `current` departs from `previous` (which ends with
     the previous request's output segment).
 
-    The volatile note sits at the end of a prompt, so the next turn's messages always take its
-    place: notes are set aside while comparing, and reported only when nothing else differs.
+    The messages are compared first with the notes set aside (the next turn's messages take the
+    place of a trailing note unless the session pins it), so an edited message or a re-rendered
+    output is named even behind a note. When the messages agree, `volatile-note` says that a
+    note of the previous request is not where it was (only the notes stood in the way), `none`
+    that the request extends the previous one exactly.
     """
     if previous is None:
         return NEW_SESSION
@@ -100,7 +112,9 @@ def first_divergence(previous: Sequence[Segment] | None, current: Sequence[Segme
             return current_name if previous_name == current_name else previous_name
     if len(current_rest) < len(previous_rest):
         return previous_rest[len(current_rest)][0]  # the history was cut short
-    return VOLATILE_NOTE if len(previous_rest) < len(previous) else NO_DIVERGENCE
+    in_place = len(current) >= len(previous) and all(
+        previous_digest == current_digest for (_, previous_digest), (_, current_digest) in zip(previous, current))
+    return NO_DIVERGENCE if in_place else VOLATILE_NOTE
 
 
 def common_prefix_blocks(previous: Sequence[bytes], current: Sequence[bytes]) -> int:

@@ -8,6 +8,11 @@ prompt that a new turn changes besides its new messages.
 
 Canonicalizing a canonical conversation changes nothing: the note is recognised by its first
 line, taken off, and written again from the same values.
+
+Within a session the gateway goes one step further (`with_pinned_notes`): the notes of the
+session's earlier turns are put back where those turns had them, so the model's own earlier
+output, generated right after a note, repeats with the very tokens it was computed over and its
+KV stays reusable too. The last note states the current values.
 """
 
 from __future__ import annotations
@@ -38,8 +43,18 @@ class CanonicalConversation:
 
     @property
     def conversation_messages(self) -> list[dict[str, Any]]:
-        """The messages without the volatile note: one per message the client sent."""
-        return self.messages[:-1] if self.has_note else self.messages
+        """The messages without volatile notes: one per message the client sent."""
+        return [message for message in self.messages if not message.get(NOTE_KEY)]
+
+    def note_positions(self) -> list[tuple[int, str]]:
+        """(number of client messages before it, text) of each volatile note, in prompt order."""
+        positions, num_messages = [], 0
+        for message in self.messages:
+            if message.get(NOTE_KEY):
+                positions.append((num_messages, message["content"]))
+            else:
+                num_messages += 1
+        return positions
 
 
 def _fingerprint(conversation: Conversation) -> str:
@@ -93,6 +108,34 @@ def canonicalize(
         conversation = changed
     result_messages = list(conversation.messages)
     if conversation.volatile_values and policy >= Policy.SAFE:
-        result_messages.append({"role": "system", "content": note_text(conversation.volatile_values), NOTE_KEY: True})
+        result_messages.append(note_message(note_text(conversation.volatile_values)))
     return CanonicalConversation(result_messages, conversation.tools, policy, applied,
                                  dict(conversation.volatile_values))
+
+
+def note_message(text: str) -> dict[str, Any]:
+    return {"role": "system", "content": text, NOTE_KEY: True}
+
+
+def with_pinned_notes(canonical: CanonicalConversation, pinned: Sequence[tuple[int, str]]) -> CanonicalConversation:
+    """The conversation with earlier turns' notes back in place: each (n, text) of `pinned` goes
+    after the first n client messages (the caller has checked that those messages are the ones
+    the note followed). Notes at or past the end are left out: the trailing slot is this turn's.
+    This turn's note follows unless it repeats the last pinned one (the values have not changed).
+    """
+    messages = canonical.conversation_messages
+    kept = [(position, text) for position, text in pinned if position < len(messages)]
+    if not kept or not canonical.volatile_values:
+        return canonical  # nothing was moved (policy off or aggressive): no placeholders to give values for
+    result: list[dict[str, Any]] = []
+    notes = iter(sorted(kept, key=lambda note: note[0]))
+    pending = next(notes, None)
+    for index, message in enumerate(messages):
+        while pending is not None and pending[0] == index:
+            result.append(note_message(pending[1]))
+            pending = next(notes, None)
+        result.append(message)
+    if canonical.has_note and canonical.messages[-1]["content"] != kept[-1][1]:
+        result.append(canonical.messages[-1])
+    return CanonicalConversation(result, canonical.tools, canonical.policy, list(canonical.rules_applied),
+                                 dict(canonical.volatile_values))

@@ -13,6 +13,7 @@ from litestar.response import Stream
 from gateway.chat_prompt import ChatPrompt, render_chat_prompt_async, resolve_tool_choice
 from gateway.errors import APIError, bad_request, unprocessable
 from gateway.canonical.chat_request import canonical_conversation, forced_tool_call_spec, response_format_spec
+from gateway.canonical.pipeline import CanonicalConversation
 from gateway.generation import ChoiceResult, ClientDisconnected, Generation, start_generation, until_disconnect
 from gateway.logprobs import TokenTexts, chat_logprobs
 from gateway.routes.common import decode_body, gateway_state, json_response, new_id, unix_time
@@ -55,11 +56,15 @@ class ChatController(Controller):
         if body.top_logprobs is not None and not body.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         canonical = canonical_conversation(state.config.canonicalization, request.headers, messages, tools or None)
-        prompt = await render_chat_prompt_async(engine.tokenizer, canonical.messages, canonical.tools, tool_choice,
-                                                body.chat_template_kwargs)
+
+        async def render(conversation: CanonicalConversation) -> ChatPrompt:
+            return await render_chat_prompt_async(engine.tokenizer, conversation.messages, conversation.tools,
+                                                  tool_choice, body.chat_template_kwargs)
+
+        turn, canonical, prompt = await open_turn(state, request.headers, await request.body(), canonical, render,
+                                                  body.cache_salt)
         if prompt.parse_tools:
             structured = forced_tool_call_spec(canonical.tools, tool_choice) or structured
-        turn = await open_turn(state, request.headers, await request.body(), canonical, prompt, body.cache_salt)
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         params = build_sampling_params(SamplingRequest(
             num_prompt_tokens=len(prompt.token_ids),

@@ -48,8 +48,13 @@ class MessagesController(Controller):
         engine = state.serving_engine()
         body = await decode_body(request, an.request_decoder)
         model = state.check_model(body.model)
-        prompt, canonical, tool_choice = await _render(state, request, body)
-        turn = await open_turn(state, request.headers, await request.body(), canonical, prompt)
+        canonical, tool_choice = _canonical(state, request, body)
+
+        async def render(conversation: CanonicalConversation) -> ChatPrompt:
+            return await render_chat_prompt_async(engine.tokenizer, conversation.messages, conversation.tools,
+                                                  tool_choice)
+
+        turn, canonical, prompt = await open_turn(state, request.headers, await request.body(), canonical, render)
         structured = forced_tool_call_spec(canonical.tools, tool_choice) if prompt.parse_tools else None
         params = build_sampling_params(SamplingRequest(
             num_prompt_tokens=len(prompt.token_ids), max_tokens=body.max_tokens, prompt_param="messages",
@@ -78,13 +83,14 @@ class MessagesController(Controller):
         state.serving_engine()
         body = await decode_body(request, an.count_tokens_decoder)
         state.check_model(body.model)
-        prompt, _, _ = await _render(state, request, body)
+        canonical, tool_choice = _canonical(state, request, body)
+        prompt = await render_chat_prompt_async(state.serving_engine().tokenizer, canonical.messages, canonical.tools,
+                                                tool_choice)
         return json_response(an.CountTokensResponse(len(prompt.token_ids)))
 
 
-async def _render(state: GatewayState, request: Request, body: an.MessagesRequest | an.CountTokensRequest,
-                  ) -> tuple[ChatPrompt, CanonicalConversation, ToolChoice]:
-    engine = state.serving_engine()
+def _canonical(state: GatewayState, request: Request, body: an.MessagesRequest | an.CountTokensRequest,
+               ) -> tuple[CanonicalConversation, ToolChoice]:
     messages = normalize_messages(body.messages, body.system)
     tools = [
         {"type": "function", "function": {"name": tool.name, "description": tool.description or "",
@@ -94,8 +100,7 @@ async def _render(state: GatewayState, request: Request, body: an.MessagesReques
     mode, name = _tool_choice(body.tool_choice)
     tool_choice = resolve_tool_choice(mode, name, [tool.name for tool in body.tools or []], "tool_choice")
     canonical = canonical_conversation(state.config.canonicalization, request.headers, messages, tools or None)
-    prompt = await render_chat_prompt_async(engine.tokenizer, canonical.messages, canonical.tools, tool_choice)
-    return prompt, canonical, tool_choice
+    return canonical, tool_choice
 
 
 def _tool_choice(choice: an.ToolChoice | None) -> tuple[str | None, str | None]:
