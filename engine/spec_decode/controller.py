@@ -1,40 +1,63 @@
 """Which proposer drafts for a request, and how many tokens: the speculation policy.
 
-- "draft" and "suffix" use one proposer; "hybrid" asks the (cheap) suffix proposer first and
-  keeps its drafts unless the draft model's recent record for that request expects more accepted
-  tokens by more than the draft model's cost (DRAFT_TOKEN_COST per drafted token).
-- Suffix drafts cost no model compute and stop by themselves where their vote gets uncertain,
-  so they get the full k (scaled by batch size only).
-- Draft-model drafts cost a draft forward each, and verifying them costs more as the batch
-  grows (a step's cost grows with its tokens once the matmuls stop being bandwidth-bound). Each
-  request keeps an exponential moving average a of its draft acceptance; since the i-th draft
-  survives with probability about a^i, the model drafts while a^i stays at or above a survival
-  threshold that rises with the batch (0.4 alone, 0.6 from 8 running requests, 0.8 from 24).
-  When not even one draft clears it, the request decodes plainly and probes with a single draft
-  every PROBE_EVERY steps, so a request whose text turns predictable gets its drafts back.
-- k itself is halved from 8 running requests and quartered from 24.
+Every drafted token is a bet: it gains a token if the target accepts it and costs seconds either
+way (verifying it and, for a draft model, producing it). The controller prices both from
+measurements and drafts only the tokens that pay (the arithmetic is in policy.py):
+
+- Cost: the model runner reports every target step's wall time and token count; a StepCostModel
+  fits t = a + b * tokens, so one more verified token costs b seconds (about 0 on a GPU at small
+  batch, a few percent of a step on a CPU at batch 8). A draft-model token also costs the
+  draft's measured seconds per drafted token.
+- Gain: the probability the token is accepted. Each request keeps, per proposer, a decaying count
+  of accepted drafts and of verification trials (a draft is a trial when every draft before it was
+  accepted), so p = accepted / trials is the chance that one more draft survives, and the j-th
+  draft gains p^j. A new request starts from the pooled estimate of all requests. Suffix drafts
+  also carry their vote's own confidence; the gain is the smaller of the two.
+- Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
+  and the step's extra seconds must be paid by the request that gains least (they delay it too);
+  "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
+  probes with one every PROBE_EVERY steps, so its estimate can recover when its text turns
+  predictable (a probe is always allowed: without it an estimate could never recover).
+- A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
+  when it drafts again (draft_model.py), so a switched-off draft costs nothing.
+
+adaptive=False: every proposer drafts up to num_speculative_tokens, always.
 """
 
 from __future__ import annotations
 
-import math
 import time
+from dataclasses import dataclass
 
 from engine.config import SpeculativeConfig
+from engine.spec_decode.cost_model import StepCostModel
+from engine.spec_decode.policy import Candidate, plan_drafts, worth
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
-# (smallest batch, survival threshold of a draft-model token), largest batch first.
-SURVIVAL_BY_BATCH = ((24, 0.8), (8, 0.6), (1, 0.4))
-EMA_WEIGHT = 0.3  # weight of the newest step in a request's acceptance average
-INITIAL_ACCEPTANCE = 0.5  # prior before a request has been verified
-# What one draft-model token costs, in target tokens of expected gain: hybrid takes the model's
-# drafts only when they expect more accepted tokens than the suffix's by more than their cost.
-DRAFT_TOKEN_COST = 0.15
-# Batch sizes from which k is halved, and quartered (CPU and GPU alike: conservative).
-HALVE_AT_BATCH = 8
-QUARTER_AT_BATCH = 24
-PROBE_EVERY = 8  # steps between single-draft probes of a request the draft model is off for
+REQUEST_DECAY = 0.8  # weight of a request's past verifications per new one (recent text counts most)
+POOLED_DECAY = 0.95  # the same for the estimate pooled over all requests (a new request's prior)
+PRIOR_TRIALS = 2.0  # weight, in trials, of the prior a new request starts from
+MAX_ACCEPTANCE = 0.99  # a draft is never sure: keeps p^j decreasing
+PROBE_EVERY = 16  # steps between single-draft probes of a request left without drafts
+
+
+@dataclass
+class Acceptance:
+    """Decaying counts of accepted drafts and of trials; p = accepted / trials."""
+
+    accepted: float
+    trials: float
+
+    @property
+    def p(self) -> float:
+        return min(MAX_ACCEPTANCE, self.accepted / self.trials) if self.trials > 0 else 0.5
+
+    def update(self, num_drafted: int, num_accepted: int, decay: float) -> None:
+        # Drafts after the first rejected one were never tried: they say nothing about p.
+        trials = num_accepted + (1 if num_accepted < num_drafted else 0)
+        self.accepted = decay * self.accepted + num_accepted
+        self.trials = decay * self.trials + trials
 
 
 class SpeculationController:
@@ -42,90 +65,109 @@ class SpeculationController:
         self.config = config
         self.suffix = suffix
         self.draft = draft  # DraftModelProposer or None
-        self._acceptance: dict[str, float] = {}  # req_id -> EMA of the draft model's acceptance
+        self.cost = StepCostModel()
+        self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}
+        self._acceptance: dict[tuple[str, str], Acceptance] = {}  # (req_id, method) -> estimate
         self._method: dict[str, str] = {}  # req_id -> which proposer drafted its pending tokens
-        self._idle_steps: dict[str, int] = {}  # req_id -> steps since the draft model last drafted for it
+        self._idle_steps: dict[str, int] = {}  # req_id -> steps since it last got drafts
         self.proposer_seconds = 0.0
 
     @property
     def max_drafts(self) -> int:
         return self.config.num_speculative_tokens
 
-    # ---- per step ----------------------------------------------------------------------------
+    # ---- measurements ------------------------------------------------------------------------
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """Wall time of one target step (forward, sampling, verification) over num_tokens tokens."""
+        self.cost.observe(num_tokens, seconds)
+
     def record(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
         """Verification result of the drafts a request proposed last step."""
-        if num_drafted == 0 or self._method.get(req_id) != "draft":
+        method = self._method.get(req_id)
+        if num_drafted == 0 or method is None:
             return
-        rate = num_accepted / num_drafted
-        previous = self._acceptance.get(req_id, INITIAL_ACCEPTANCE)
-        self._acceptance[req_id] = (1 - EMA_WEIGHT) * previous + EMA_WEIGHT * rate
+        self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
+        self._pooled[method].update(num_drafted, num_accepted, POOLED_DECAY)
 
-    def num_drafts(self, batch_size: int) -> int:
-        """The most tokens any proposer may draft for this request this step (batch-scaled k)."""
-        k = self.max_drafts
-        if not self.config.adaptive:
-            return k
-        if batch_size >= QUARTER_AT_BATCH:
-            return max(1, k // 4)
-        if batch_size >= HALVE_AT_BATCH:
-            return max(1, k // 2)
-        return k
+    def acceptance(self, req_id: str, method: str) -> float:
+        return self._estimate(req_id, method).p
 
-    def num_model_drafts(self, req_id: str, k: int, batch_size: int) -> int:
-        """How many of k tokens the draft model should draft: those likely to survive (0: none)."""
-        if not self.config.adaptive:
-            return k
-        rate = min(self._acceptance.get(req_id, INITIAL_ACCEPTANCE), 0.99)
-        threshold = next(t for smallest, t in SURVIVAL_BY_BATCH if batch_size >= smallest)
-        worth = int(math.log(threshold) / math.log(rate)) if rate > 0 else 0
-        if worth >= 1:
-            self._idle_steps.pop(req_id, None)
-            return min(k, worth)
-        idle = self._idle_steps.get(req_id, 0) + 1
-        self._idle_steps[req_id] = idle
-        return 1 if idle % PROBE_EVERY == 0 else 0
+    def _estimate(self, req_id: str, method: str) -> Acceptance:
+        estimate = self._acceptance.get((req_id, method))
+        if estimate is None:
+            prior = self._pooled[method].p
+            estimate = self._acceptance[(req_id, method)] = Acceptance(prior * PRIOR_TRIALS, PRIOR_TRIALS)
+        return estimate
 
+    # ---- per step ----------------------------------------------------------------------------
     def propose(self, requests: list[ProposalRequest], batch_size: int) -> dict[str, Proposal]:
+        """Drafts for the requests that will decode next; request.num_drafts is set to what is
+        actually drafted (the runner trims proposals to it)."""
         if not requests:
             return {}
         started = time.perf_counter()
-        for request in requests:
-            request.num_drafts = min(request.num_drafts, self.num_drafts(batch_size))
         method = self.config.method
+        suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
+        if self.config.adaptive:
+            chosen = self._plan(requests, suffix, batch_size)
+        else:  # everything, always: suffix where it has a proposal, else the draft model
+            chosen = {r.req_id: ("suffix" if method == "suffix" or (method == "hybrid" and suffix[r.req_id].token_ids)
+                                 else "draft", r.num_drafts) for r in requests}
         proposals: dict[str, Proposal] = {}
-        if method in ("suffix", "hybrid"):
-            assert self.suffix is not None
-            proposals = self.suffix.propose(requests)
-        if method == "hybrid":
-            for request in requests:
-                self._method[request.req_id] = "suffix"
-            need_draft = []
-            for request in requests:
-                model_k = self.num_model_drafts(request.req_id, request.num_drafts, batch_size)
-                gain = self._expected_draft(request.req_id, model_k) - DRAFT_TOKEN_COST * model_k
-                if model_k > 0 and proposals[request.req_id].expected_accepted < gain:
-                    request.num_drafts = model_k
-                    need_draft.append(request)
-            if need_draft:
-                proposals.update(self.draft.propose(need_draft))
-                for request in need_draft:
-                    self._method[request.req_id] = "draft"
-        elif method == "draft":
-            for request in requests:
-                request.num_drafts = self.num_model_drafts(request.req_id, request.num_drafts, batch_size)
-                self._method[request.req_id] = "draft"
-            drafting = [r for r in requests if r.num_drafts > 0]
-            proposals = self.draft.propose(drafting) if drafting else {}
-            proposals.update({r.req_id: Proposal([]) for r in requests if r.num_drafts == 0})
+        need_draft = []
+        for request in requests:
+            which, count = chosen[request.req_id]
+            request.num_drafts = count
+            self._method[request.req_id] = which
+            if which == "draft" and count > 0:
+                need_draft.append(request)
+            else:
+                proposal = suffix.get(request.req_id, Proposal([]))
+                proposals[request.req_id] = Proposal(proposal.token_ids[:count], None,
+                                                     sum(proposal.confidence[:count]), proposal.confidence[:count])
+        if need_draft:
+            proposals.update(self.draft.propose(need_draft))
         self.proposer_seconds += time.perf_counter() - started
         return proposals
 
-    def _expected_draft(self, req_id: str, k: int) -> float:
-        rate = self._acceptance.get(req_id, INITIAL_ACCEPTANCE)
-        return sum(rate ** i for i in range(1, k + 1))
+    def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
+              batch_size: int) -> dict[str, tuple[str, int]]:
+        """(proposer, number of tokens) per request: see the module docstring."""
+        step_seconds = self.cost.step_seconds(batch_size)
+        verify = self.cost.b
+        draft_token = verify + getattr(self.draft, "seconds_per_token", 0.0)
+        best: dict[str, tuple[str, Candidate]] = {}
+        for request in requests:
+            options: list[tuple[str, Candidate]] = []
+            if request.req_id in suffix:
+                p = self.acceptance(request.req_id, "suffix")
+                confidence = suffix[request.req_id].confidence[: request.num_drafts]
+                gains = [min(c, p ** j) for j, c in enumerate(confidence, 1)]
+                options.append(("suffix", Candidate(request.req_id, gains, verify)))
+            if self.draft is not None:
+                p = self.acceptance(request.req_id, "draft")
+                gains = [p ** j for j in range(1, request.num_drafts + 1)]
+                options.append(("draft", Candidate(request.req_id, gains, draft_token)))
+            # The better net gain wins; on a tie one that has drafts (it can probe), then the first
+            # (suffix: free to propose).
+            best[request.req_id] = max(options, key=lambda o: (worth(o[1], step_seconds, batch_size)[1],
+                                                               bool(o[1].gains)))
+        counts = plan_drafts([c for _, c in best.values()], step_seconds=step_seconds, batch_size=batch_size)
+        chosen: dict[str, tuple[str, int]] = {}
+        for req_id, (which, candidate) in best.items():
+            count = counts[req_id]
+            if count > 0 or not candidate.gains:
+                self._idle_steps.pop(req_id, None)
+            else:
+                idle = self._idle_steps.get(req_id, 0) + 1
+                self._idle_steps[req_id] = idle
+                count = 1 if idle % PROBE_EVERY == 0 else 0
+            chosen[req_id] = (which, count)
+        return chosen
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
-        self._acceptance.pop(req_id, None)
+        for method in ("suffix", "draft"):
+            self._acceptance.pop((req_id, method), None)
         self._idle_steps.pop(req_id, None)
         self._method.pop(req_id, None)
         if self.suffix is not None:

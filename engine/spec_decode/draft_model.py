@@ -1,13 +1,26 @@
 """Draft-model proposer: a small causal LM with the target's tokenizer drafts k tokens greedily.
 
-Its KV cache is a pool of its own, indexed by the same block ids as the target's, so prefix
-caching, preemption and freeing cover both: every step it runs over exactly the tokens the
-target ran (same positions, same slots), so any block the target holds or caches is valid for
-the draft too. Then, for each request that decodes next, it runs k one-token steps from the
-token just sampled; those writes land in lookahead slots the scheduler reserved.
+Its KV cache is a pool of its own, indexed by the same block ids and slots as the target's, so
+prefix caching, preemption and freeing cover both. It is filled lazily: the draft runs only for
+the requests it drafts for, and then first catches up on the context tokens it has no KV for
+(in the same forward as its first draft step, one chunk per request). A request the controller
+has switched off therefore costs no draft compute at all; when it is switched back on, the
+tokens it missed cost one chunked forward, cheaper than the per-step forwards it skipped.
+
+Which slots hold valid draft KV is tracked per slot: _kv_tokens[slot] is the token the draft
+wrote there, -1 for none. A request's draft KV at positions 0..p is valid exactly when the
+slots of those positions (through its block table) hold its tokens 0..p: every write is made
+over a context that held the tokens recorded before it, so matching records mean matching
+contexts. Three rules keep that true: a freshly allocated block forgets its records (its old
+contents belong to another context, forget_blocks); a cached block keeps them (a prefix hit
+shares its whole prefix, so the draft KV a finished request left is reused); and after writing
+a request's positions up to p the draft forgets its records past p in that request's blocks
+(stale drafts written over an older context must not match later by coincidence). Drafted
+tokens the target accepts are thereby already valid; rejected ones stop the match.
 
 Drafts are greedy (argmax of the draft), so the rejection sampler treats them as one-hot
-proposals: exact for greedy targets and lossless for sampled ones.
+proposals: exact for greedy targets and lossless for sampled ones. The draft only ever writes
+its own pool, so nothing it does can change the target's output.
 
 A draft folder may borrow the target's embedding (config.json: "draftgate": {"shared_embedding":
 true}) and restrict its output to a reduced vocabulary (draft_vocab.safetensors: "draft_vocab_ids",
@@ -19,7 +32,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
+
+import numpy as np
 
 import torch
 from safetensors.torch import load_file
@@ -113,6 +129,9 @@ def _check_vocab(arch: ArchConfig, target_arch: ArchConfig, path: str) -> None:
                          f"{target_arch.vocab_size}: a draft must share its target's tokenizer")
 
 
+SECONDS_EMA = 0.2  # weight of the newest step in the measured seconds per drafted token
+
+
 class DraftModelProposer:
     def __init__(self, draft: DraftModel, *, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -122,47 +141,110 @@ class DraftModelProposer:
         self.kv_spec = KVCacheSpec(draft.arch.num_hidden_layers, draft.arch.num_key_value_heads,
                                    draft.arch.head_dim, block_size, dtype)
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, device)
+        # [num_blocks * block_size] int64: the token whose draft KV each slot holds, -1: none.
+        self._kv_tokens = np.full(num_blocks * block_size, -1, dtype=np.int64)
+        # What one drafted token costs (catch-up included), measured: the controller's price.
+        self.seconds_per_token = 0.0
+        self.num_catch_up_tokens = 0  # context tokens run to catch up (tests and diagnostics)
 
     @staticmethod
     def kv_bytes_per_block(arch: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
         return KVCacheSpec(arch.num_hidden_layers, arch.num_key_value_heads, arch.head_dim, block_size,
                            dtype).bytes_per_block
 
-    @torch.inference_mode()
-    def observe_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
-        """Writes the draft's KV for every token the target ran this step (the same slots)."""
-        self.draft.model(input_ids, positions, self.kv_caches, meta)
+    def forget_blocks(self, block_ids: list[int]) -> None:
+        """Blocks just allocated afresh: whatever draft KV they hold belongs to another context."""
+        if block_ids:
+            slots = np.asarray(block_ids, dtype=np.int64)[:, None] * self.block_size + np.arange(self.block_size)
+            self._kv_tokens[slots.reshape(-1)] = -1
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> np.ndarray:  # [end - start] int64
+        positions = np.arange(start, end, dtype=np.int64)
+        blocks = np.asarray(block_ids, dtype=np.int64)[positions // self.block_size]
+        return blocks * self.block_size + positions % self.block_size
+
+    def _first_stale(self, request: ProposalRequest, context: np.ndarray) -> int:
+        """The first position (< len(context)) whose draft KV is not valid for this request."""
+        recorded = self._kv_tokens[self._slots(request.block_ids, 0, len(context))]
+        mismatch = np.flatnonzero(recorded != context)
+        return int(mismatch[0]) if mismatch.size else len(context)
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
+        started = time.perf_counter()
         drafts: dict[str, list[int]] = {r.req_id: [] for r in requests}
         # Each request drafts from the token it just sampled, at the position after its context.
-        current = {r.req_id: r.output_token_ids[-1] for r in requests}
         position = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) - 1 for r in requests}
         # Never write past the blocks the request owns (lookahead is trimmed near the context end).
         limit = {r.req_id: min(r.num_drafts, len(r.block_ids) * self.block_size - position[r.req_id])
                  for r in requests}
-        by_id = {r.req_id: r for r in requests}
-        step = 0
+        active = [r for r in requests if limit[r.req_id] > 0]
+        if not active:
+            return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
+        # First step: per request, the context it has no draft KV for, ending with the token just
+        # sampled (a 1-token chunk in the steady state, where the accepted drafts are already valid).
+        chunks, starts = [], []
+        for r in active:
+            context = np.asarray(r.prompt_token_ids + r.output_token_ids, dtype=np.int64)  # [L]
+            start = self._first_stale(r, context[:-1])
+            chunks.append(context[start:])
+            starts.append(start)
+            self.num_catch_up_tokens += len(context) - 1 - start
+        query_lens = [len(c) for c in chunks]
+        input_ids = torch.from_numpy(np.concatenate(chunks)).to(self.device)  # [sum(query_lens)]
+        positions = torch.from_numpy(np.concatenate(
+            [np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, query_lens)])).to(self.device)
+        seq_lens = [s + n for s, n in zip(starts, query_lens)]
+        hidden = self._forward(input_ids, positions, active, query_lens, seq_lens)  # [sum(query_lens), hidden]
+        last_rows = torch.tensor(np.cumsum(query_lens) - 1, device=self.device)
+        next_ids = self._greedy(hidden.index_select(0, last_rows)).tolist()
+        for r, start, chunk in zip(active, starts, chunks):
+            self._kv_tokens[self._slots(r.block_ids, start, start + len(chunk))] = chunk
+        current = {}
+        for r, token in zip(active, next_ids):
+            drafts[r.req_id].append(token)
+            current[r.req_id] = token
+            position[r.req_id] += 1
+        # Then one token per step from the last draft, while a request wants more.
+        step = 1
         while True:
-            active = [r for r in requests if limit[r.req_id] > step]
+            active = [r for r in active if limit[r.req_id] > step]
             if not active:
                 break
             ids = [r.req_id for r in active]
             input_ids = torch.tensor([current[i] for i in ids], dtype=torch.int64, device=self.device)
             positions = torch.tensor([position[i] for i in ids], dtype=torch.int64, device=self.device)
-            meta = AttentionMetadata.build(
-                query_lens=[1] * len(ids), seq_lens=[position[i] + 1 for i in ids],
-                block_ids=[by_id[i].block_ids for i in ids], block_size=self.block_size, device=self.device,
-            )
-            hidden = self.draft.model(input_ids, positions, self.kv_caches, meta)  # [n, hidden]
-            next_ids = self._greedy(hidden).tolist()
-            for req_id, token in zip(ids, next_ids):
+            hidden = self._forward(input_ids, positions, active, [1] * len(ids),
+                                   [position[i] + 1 for i in ids])  # [n, hidden]
+            for r in active:
+                at = position[r.req_id]
+                self._kv_tokens[self._slots(r.block_ids, at, at + 1)] = current[r.req_id]
+            for req_id, token in zip(ids, self._greedy(hidden).tolist()):
                 drafts[req_id].append(token)
                 current[req_id] = token
                 position[req_id] += 1
             step += 1
+        for r in requests:
+            # Past the last position written (the last draft was never fed back), its records are
+            # from older drafts over an older context: forget them.
+            written = position[r.req_id] - 1 if drafts[r.req_id] else position[r.req_id]
+            end = len(r.block_ids) * self.block_size
+            if written + 1 < end:
+                self._kv_tokens[self._slots(r.block_ids, written + 1, end)] = -1
+        num_drafted = sum(len(t) for t in drafts.values())
+        if num_drafted:
+            seconds = (time.perf_counter() - started) / num_drafted
+            self.seconds_per_token = (seconds if self.seconds_per_token == 0.0 else
+                                      (1 - SECONDS_EMA) * self.seconds_per_token + SECONDS_EMA * seconds)
         return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, requests: list[ProposalRequest],
+                 query_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
+        """The draft over the last query_lens[i] of each request's first seq_lens[i] tokens."""
+        meta = AttentionMetadata.build(query_lens=query_lens, seq_lens=seq_lens,
+                                       block_ids=[r.block_ids for r in requests], block_size=self.block_size,
+                                       device=self.device)
+        return self.draft.model(input_ids, positions, self.kv_caches, meta)
 
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n] target token ids
         if self.draft.head_weight is None:

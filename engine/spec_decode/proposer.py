@@ -29,15 +29,17 @@ class Proposal:
     probs: torch.Tensor | None = None
     # The proposer's own estimate of how many of these tokens the target will accept.
     expected_accepted: float = 0.0
+    # Its estimate, per token, of the probability that the target accepts it (and so all before
+    # it): non-increasing, sums to expected_accepted; empty when the proposer makes none.
+    confidence: list[float] = field(default_factory=list)
 
 
 class Proposer(Protocol):
     """Proposes draft tokens for requests in decode.
 
-    observe_step(): called every step with what the target ran (so a draft model can keep its
-    own KV cache in step with the target's; only the draft model has one); propose(): called after
-    sampling for the requests that will decode next; finish(): a request left the engine
-    (finished, aborted or preempted), with its outputs when it finished normally.
+    propose(): called after sampling for the requests that will decode next (only those the
+    controller wants drafts for); finish(): a request left the engine (finished, aborted or
+    preempted), with its outputs when it finished normally.
     Implementations must never block and may return fewer tokens than asked.
     """
 

@@ -115,7 +115,7 @@ class SuffixProposer:
     def _follow(self, sources: list[tuple[list[int], int]], num_drafts: int) -> Proposal:
         """Majority vote, position by position, over what followed each occurrence."""
         drafted: list[int] = []
-        expected = 0.0
+        survival: list[float] = []  # the vote's estimate that each draft is accepted
         confidence = 1.0
         alive = sources
         for offset in range(1, num_drafts + 1):
@@ -127,7 +127,7 @@ class SuffixProposer:
             if share < self.min_vote_share and offset > 1:
                 break
             confidence *= share
-            expected += confidence
+            survival.append(confidence)
             drafted.append(token)
             alive = [(seq, end) for seq, end in alive if end + offset < len(seq) and seq[end + offset] == token]
-        return Proposal(drafted, None, expected)
+        return Proposal(drafted, None, sum(survival), survival)

@@ -177,7 +177,11 @@ class ModelRunner:
             if self.spec is not None:
                 finished = state is not None and req_id in out.finished_req_ids
                 self.spec.finish(req_id, state.output_token_ids if finished else None)
+        draft = self.spec.draft if self.spec is not None else None
         for new in out.scheduled_new_reqs:
+            if draft is not None:
+                # Blocks past its prefix hit are fresh: their draft KV belongs to another context.
+                draft.forget_blocks(new.block_ids[new.num_computed_tokens // self.block_size:])
             params = new.sampling_params
             generator = None
             if params.seed is not None:
@@ -194,6 +198,8 @@ class ModelRunner:
             )
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
+            if draft is not None:
+                draft.forget_blocks(cached.new_block_ids)
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
         for req_id, drafts in out.scheduled_spec_decode_tokens.items():
@@ -224,9 +230,6 @@ class ModelRunner:
         input_ids = torch.from_numpy(step.input_ids).to(device, non_blocking=True)
         positions = torch.from_numpy(step.positions).to(device, non_blocking=True)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
-        if self.spec is not None and self.spec.draft is not None:
-            # The draft keeps its KV in step with the target's: the same tokens, the same slots.
-            self.spec.draft.observe_step(input_ids, positions, meta)
 
         sampled_token_ids: list[list[int]] = [[] for _ in req_ids]
         logprobs: list | None = None
@@ -250,6 +253,9 @@ class ModelRunner:
                 if row_logprobs is not None and row_logprobs[i] is not None and row_logprobs[i][0] is not None:
                     logprobs[row] = row_logprobs[i]
             if self.spec is not None:
+                # The price list of the next drafts: what this step cost for its tokens (before
+                # proposing, which the draft model prices itself).
+                self.spec.observe_step(len(step.input_ids), time.perf_counter() - started)
                 spec_token_ids = self._propose(sample_states, num_running=len(req_ids))
         self.step_seconds += time.perf_counter() - started
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs,

@@ -1,20 +1,25 @@
-"""The speculation policy: suffix drafts keep the full k, the draft model drafts only tokens likely
-to survive at the current batch size, switches itself off for a request whose drafts keep
-failing and probes to come back."""
+"""The speculation controller: acceptance estimates, cost-priced drafting, the hybrid's choice,
+probes of a request left without drafts, and the non-adaptive mode."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine.config import SpeculativeConfig
-from engine.spec_decode.controller import PROBE_EVERY, SpeculationController
+from engine.spec_decode.controller import PROBE_EVERY, Acceptance, SpeculationController
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
+REPEATING = [5, 6, 7, 8] * 6  # the suffix proposer continues this with full confidence
+
 
 class CountingDraft:
-    """A draft proposer that proposes token 7 and records how many tokens it was asked for."""
+    """A draft proposer that proposes token 7, records how many tokens it was asked for, and
+    costs seconds_per_token."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds_per_token: float = 0.0) -> None:
         self.asked: list[tuple[str, int]] = []
+        self.seconds_per_token = seconds_per_token
 
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
         self.asked += [(r.req_id, r.num_drafts) for r in requests]
@@ -28,34 +33,63 @@ def request(req_id: str, output: list[int], k: int = 4) -> ProposalRequest:
     return ProposalRequest(req_id, prompt_token_ids=[1, 2, 3], output_token_ids=output, num_drafts=k)
 
 
-def controller(method: str) -> tuple[SpeculationController, CountingDraft]:
-    draft = CountingDraft()
+def controller(method: str, *, a: float = 0.030, b: float = 0.001, draft_seconds: float = 0.0,
+               adaptive: bool = True) -> tuple[SpeculationController, CountingDraft]:
+    """A controller whose cost model has seen CPU-like steps: a + b * tokens."""
+    draft = CountingDraft(draft_seconds)
     suffix = SuffixProposer() if method in ("suffix", "hybrid") else None
-    config = SpeculativeConfig(method=method, num_speculative_tokens=4)
-    return SpeculationController(config, suffix=suffix, draft=draft), draft
+    config = SpeculativeConfig(method=method, num_speculative_tokens=4, adaptive=adaptive)
+    spec = SpeculationController(config, suffix=suffix, draft=draft if method != "suffix" else None)
+    for n in (1, 8, 24, 8, 40, 16):
+        spec.observe_step(n, a + b * n)
+    return spec, draft
 
 
-def test_suffix_drafts_are_not_capped_by_a_poor_draft_model() -> None:
-    spec, _ = controller("hybrid")
-    for _ in range(10):  # the draft model keeps failing for this request
+def test_acceptance_counts_only_tried_drafts() -> None:
+    estimate = Acceptance(0.0, 0.0)
+    estimate.update(4, 2, decay=1.0)  # two accepted, the third tried and rejected, the fourth untried
+    assert (estimate.accepted, estimate.trials) == (2, 3)
+    estimate.update(4, 4, decay=0.5)  # all four accepted: four trials, no failure
+    assert (estimate.accepted, estimate.trials) == (5, 5.5)
+
+
+def test_a_new_request_starts_from_the_pooled_estimate() -> None:
+    spec, _ = controller("draft")
+    assert spec.acceptance("a", "draft") == 0.5
+    for _ in range(30):
         spec.propose([request("a", [9])], batch_size=1)
-        spec.record("a", 4, 0)
-    # A context that repeats: the suffix proposer continues it with the full k.
-    repeating = [5, 6, 7, 8] * 6
-    proposals = spec.propose([request("a", repeating)], batch_size=1)
+        spec.record("a", 1, 1)
+    assert spec.acceptance("a", "draft") > 0.95
+    assert spec.acceptance("b", "draft") > 0.9  # pooled over requests: a newcomer expects the same
+
+
+def test_alone_suffix_drafts_the_full_k() -> None:
+    spec, _ = controller("suffix")
+    proposals = spec.propose([request("a", REPEATING)], batch_size=1)
     assert proposals["a"].token_ids == [5, 6, 7, 8]
 
 
-def test_draft_model_length_follows_acceptance_and_batch() -> None:
-    spec, draft = controller("draft")
+def test_draft_model_length_follows_its_cost() -> None:
+    # Alone, 31 ms a step: break-even gain (1 ms + the draft's own 10 ms) / 31 ms = 0.35, so a
+    # prior of p = 0.5 drafts one token (0.5), not two (0.25).
+    spec, draft = controller("draft", draft_seconds=0.010)
     spec.propose([request("a", [9])], batch_size=1)
-    assert draft.asked[-1] == ("a", 1)  # prior acceptance 0.5: 0.5 >= 0.4 > 0.5^2
-    for _ in range(20):
-        spec.record("a", 4, 4)
+    assert draft.asked[-1] == ("a", 1)
+    # A free draft drafts all four: break-even 1 ms / 31 ms = 0.032 < 0.5^4.
+    spec, draft = controller("draft", draft_seconds=0.0)
     spec.propose([request("a", [9])], batch_size=1)
     assert draft.asked[-1] == ("a", 4)
-    spec.propose([request("a", [9])], batch_size=8)
-    assert draft.asked[-1] == ("a", 2)  # k halved from 8 running requests
+
+
+def test_at_batch_8_one_request_without_drafts_gates_the_others() -> None:
+    spec, _ = controller("suffix")
+    batch = [request(f"r{i}", REPEATING) for i in range(7)] + [request("new", [40, 41, 42])]
+    proposals = spec.propose(batch, batch_size=8)
+    assert all(not proposals[r.req_id].token_ids for r in batch)
+    # Without the one that gains nothing, the seven get their confident drafts.
+    seven = [request(f"r{i}", REPEATING) for i in range(7)]
+    proposals = spec.propose(seven, batch_size=7)
+    assert all(len(proposals[r.req_id].token_ids) >= 1 for r in seven)
 
 
 def test_a_failing_draft_model_switches_off_and_probes() -> None:
@@ -63,23 +97,38 @@ def test_a_failing_draft_model_switches_off_and_probes() -> None:
     for _ in range(20):
         spec.propose([request("a", [9])], batch_size=8)
         spec.record("a", 1, 0)
+    assert spec.acceptance("a", "draft") < 0.05
     draft.asked.clear()
-    drafted = []
-    for _ in range(2 * PROBE_EVERY):
-        proposals = spec.propose([request("a", [9])], batch_size=8)
-        drafted.append(len(proposals["a"].token_ids))
-    assert sum(drafted) == 2 and max(drafted) == 1  # one single-token probe every PROBE_EVERY steps
+    drafted = [len(spec.propose([request("a", [9])], batch_size=8)["a"].token_ids) for _ in range(2 * PROBE_EVERY)]
+    assert drafted.count(1) == 2 and sum(drafted) == 2  # one single-token probe every PROBE_EVERY steps
+    assert len(draft.asked) == 2  # and the draft model ran for nothing else
     # Probes that succeed bring the drafts back.
-    for _ in range(20):
+    for _ in range(10):
         spec.record("a", 1, 1)
     assert len(spec.propose([request("a", [9])], batch_size=1)["a"].token_ids) >= 1
 
 
+def test_hybrid_takes_confident_suffix_drafts_over_an_average_draft_model() -> None:
+    spec, draft = controller("hybrid", draft_seconds=0.005)
+    proposals = spec.propose([request("a", REPEATING)], batch_size=1)
+    assert proposals["a"].token_ids == [5, 6, 7, 8] and not draft.asked
+    # Nothing to continue from: the draft model drafts.
+    proposals = spec.propose([request("b", [40, 41, 42])], batch_size=1)
+    assert draft.asked == [("b", proposals["b"].token_ids.__len__())] and proposals["b"].token_ids
+
+
 def test_not_adaptive_always_drafts_k() -> None:
-    draft = CountingDraft()
-    config = SpeculativeConfig(method="draft", num_speculative_tokens=4, adaptive=False)
-    spec = SpeculationController(config, suffix=None, draft=draft)
+    spec, draft = controller("draft", adaptive=False)
     for _ in range(5):
         spec.propose([request("a", [9])], batch_size=32)
         spec.record("a", 4, 0)
     assert all(k == 4 for _, k in draft.asked)
+
+
+@pytest.mark.parametrize("method", ["suffix", "hybrid"])
+def test_num_drafts_is_what_was_drafted(method: str) -> None:
+    spec, _ = controller(method)
+    requests = [request("a", REPEATING), request("b", [40, 41, 42])]
+    proposals = spec.propose(requests, batch_size=1)
+    for r in requests:
+        assert len(proposals.get(r.req_id, Proposal([])).token_ids) <= r.num_drafts
