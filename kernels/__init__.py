@@ -1,7 +1,8 @@
 """Compute kernels, dispatched on the device of their tensors. Imports nothing of ours.
 
-- CPU: the compiled C++ kernels of kernels/cpu when they built (they read the KV blocks in
-  place with an online softmax), else the torch references.
+- CPU: the compiled C++ kernels of kernels/cpu when they built (paged attention reading the
+  KV blocks in place with an online softmax, KV store, fused add + RMSNorm, SwiGLU's
+  activation), else the torch references.
 - CUDA: the Triton kernels (kernels/triton_*.py), imported on first use so that a machine
   without triton still runs everything else.
 - Other devices: the torch references.
@@ -22,6 +23,7 @@ from kernels.paged_attention import AttentionPlan, paged_attention_ref
 from kernels.paged_attention import plan_attention as plan_attention_ref
 from kernels.rms_norm import rms_norm_ref
 from kernels.rope import rope_ref
+from kernels.silu_mul import silu_and_mul_ref
 from kernels.triton_attention_plan import TritonAttentionPlan, plan_attention_triton
 
 
@@ -111,7 +113,18 @@ def rms_norm(
         from kernels.triton_rms_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual)
+    compiled = cpu_kernels() if x.device.type == "cpu" else None
+    if compiled is not None and compiled.supports_rows(x, weight.view(1, -1), *(() if residual is None else (residual,))):
+        return compiled.rms_norm(x, weight, eps, residual)
     return rms_norm_ref(x, weight, eps, residual)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * d] -> [num_tokens, d]
+    """silu(gate) * up (kernels/silu_mul.py for the semantics)."""
+    compiled = cpu_kernels() if gate_up.device.type == "cpu" else None
+    if compiled is not None and compiled.supports_rows(gate_up):
+        return compiled.silu_mul(gate_up)
+    return silu_and_mul_ref(gate_up)
 
 
 def rope(
@@ -129,4 +142,4 @@ def rope(
 
 __all__ = ["AttentionPlan", "CpuAttentionPlan", "FP8KVCache", "TritonAttentionPlan", "paged_attention",
            "paged_attention_ref", "plan_attention", "plan_attention_ref", "rms_norm", "rms_norm_ref", "rope",
-           "rope_ref", "store_kv", "store_kv_ref"]
+           "rope_ref", "silu_and_mul", "silu_and_mul_ref", "store_kv", "store_kv_ref"]

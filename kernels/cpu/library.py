@@ -33,6 +33,17 @@ _STORE_ARGS = [
     _ptr, _i64, _i64, _i64, _i64, _i64,  # slot_mapping, num_tokens, num_kv_heads, head_dim, num_blocks, block_size
     ctypes.c_char_p, _i64,  # error buffer, its length
 ]
+_RMS_NORM_ARGS = [
+    _ptr, _i64, _ptr, _i64,  # x, its row stride, residual (or null), its row stride
+    _ptr, _ptr, _ptr, _i32,  # weight, out, residual_out (or null), dtype
+    _i64, _i64, _f64, _i32,  # rows, hidden, eps, num_threads
+    ctypes.c_char_p, _i64,  # error buffer, its length
+]
+_SILU_MUL_ARGS = [
+    _ptr, _i64, _ptr, _i32,  # gate_up, its row stride, out, dtype
+    _i64, _i64, _i32,  # rows, d, num_threads
+    ctypes.c_char_p, _i64,  # error buffer, its length
+]
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,12 @@ class CpuKernels:
         self._store = self._lib.draftgate_store_kv
         self._store.argtypes = _STORE_ARGS
         self._store.restype = ctypes.c_int
+        self._rms_norm = self._lib.draftgate_rms_norm
+        self._rms_norm.argtypes = _RMS_NORM_ARGS
+        self._rms_norm.restype = ctypes.c_int
+        self._silu_mul = self._lib.draftgate_silu_mul
+        self._silu_mul.argtypes = _SILU_MUL_ARGS
+        self._silu_mul.restype = ctypes.c_int
 
     # ---- what the compiled path handles (the dispatcher uses the reference otherwise) ----
     @staticmethod
@@ -70,6 +87,14 @@ class CpuKernels:
         # The caches are written in place, so they must be the real (contiguous) storage.
         return (CpuKernels.supports_attention(key, k_cache, v_cache) and value.dtype in _DTYPE_CODES
                 and value.device.type == "cpu")
+
+    @staticmethod
+    def supports_rows(*tensors: torch.Tensor) -> bool:
+        """Row-wise kernels (rms_norm, silu_mul): CPU tensors of one dtype, 2-D with unit
+        column stride."""
+        first = tensors[0]
+        return all(t.device.type == "cpu" and t.dtype == first.dtype and t.dim() == 2 and t.stride(1) == 1
+                   for t in tensors) and first.dtype in _DTYPE_CODES
 
     def plan(self, query_start_loc: list[int], seq_lens: list[int], sliding_window: int | None) -> CpuAttentionPlan:
         return CpuAttentionPlan(torch.tensor(query_start_loc, dtype=torch.int32),
@@ -147,3 +172,42 @@ class CpuKernels:
         )
         if status != 0:
             raise ValueError(f"store_kv: {error.value.decode()}")
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        weight: torch.Tensor,  # [hidden]
+        eps: float,
+        residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (normed, x + residual or None)
+        """Same contract as kernels.rms_norm.rms_norm_ref (the new residual is a fresh tensor)."""
+        rows, hidden = x.shape
+        if weight.shape != (hidden,) or (residual is not None and residual.shape != x.shape):
+            raise ValueError(f"rms_norm: x {tuple(x.shape)}, weight {tuple(weight.shape)} and residual "
+                             f"{None if residual is None else tuple(residual.shape)} do not match")
+        weight = weight.contiguous()
+        out = torch.empty((rows, hidden), dtype=x.dtype)
+        new_residual = torch.empty((rows, hidden), dtype=x.dtype) if residual is not None else None
+        error = ctypes.create_string_buffer(_ERROR_LEN)
+        status = self._rms_norm(
+            x.data_ptr(), x.stride(0), residual.data_ptr() if residual is not None else None,
+            residual.stride(0) if residual is not None else 0, weight.data_ptr(), out.data_ptr(),
+            new_residual.data_ptr() if new_residual is not None else None, _DTYPE_CODES[x.dtype], rows, hidden,
+            eps, torch.get_num_threads(), error, _ERROR_LEN,
+        )
+        if status != 0:
+            raise ValueError(f"rms_norm: {error.value.decode()}")
+        return out, new_residual
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * d] -> [num_tokens, d]
+        """Same contract as kernels.silu_mul.silu_and_mul_ref."""
+        rows, width = gate_up.shape
+        if width % 2:
+            raise ValueError(f"silu_mul: gate_up has an odd width {width}")
+        out = torch.empty((rows, width // 2), dtype=gate_up.dtype)
+        error = ctypes.create_string_buffer(_ERROR_LEN)
+        status = self._silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), _DTYPE_CODES[gate_up.dtype],
+                                rows, width // 2, torch.get_num_threads(), error, _ERROR_LEN)
+        if status != 0:
+            raise ValueError(f"silu_mul: {error.value.decode()}")
+        return out

@@ -64,9 +64,25 @@ inline Vec vload(const bf16_t* p) { return widen(_mm256_loadu_si256(reinterpret_
 inline Vec vload(const bf16_t* p, int n) { return widen(_mm256_maskz_loadu_epi16(lanes_below(n), p)); }
 inline void vstore(float* p, Vec a) { _mm512_storeu_ps(p, a.v); }
 inline void vstore(float* p, Vec a, int n) { _mm512_mask_storeu_ps(p, lanes_below(n), a.v); }
+// Each lane rounded to the nearest bf16 (ties to even; NaN stays NaN), still as a float.
+inline __m512i round_bf16_bits(__m512 a) {
+  const __m512i bits = _mm512_castps_si512(a);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  const __mmask16 nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+}
+inline Vec vround_bf16(Vec a) {
+  return {_mm512_castsi512_ps(_mm512_and_si512(round_bf16_bits(a.v), _mm512_set1_epi32(int32_t(0xffff0000u))))};
+}
+inline void vstore(bf16_t* p, Vec a, int n = kLanes) {
+  const __m256i halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_bits(a.v), 16));
+  _mm256_mask_storeu_epi16(p, lanes_below(n), halves);
+}
 inline Vec vadd(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline Vec vsub(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline Vec vmul(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec vdiv(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline Vec vfma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a * b + c
 inline Vec vmax(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline float vsum(Vec a) { return _mm512_reduce_add_ps(a.v); }
@@ -148,6 +164,13 @@ inline Vec vload(const T* p, int n = kLanes) {
 inline void vstore(float* p, Vec a, int n = kLanes) {
   for (int i = 0; i < n && i < kLanes; ++i) p[i] = a.v[i];
 }
+inline Vec vround_bf16(Vec a) {
+  for (int i = 0; i < kLanes; ++i) a.v[i] = bf16_to_float(float_to_bf16(a.v[i]));
+  return a;
+}
+inline void vstore(bf16_t* p, Vec a, int n = kLanes) {
+  for (int i = 0; i < n && i < kLanes; ++i) p[i] = float_to_bf16(a.v[i]);
+}
 #define DRAFTGATE_LANEWISE(name, expr)          \
   inline Vec name(Vec a, Vec b) {               \
     Vec r;                                      \
@@ -157,6 +180,7 @@ inline void vstore(float* p, Vec a, int n = kLanes) {
 DRAFTGATE_LANEWISE(vadd, a.v[i] + b.v[i])
 DRAFTGATE_LANEWISE(vsub, a.v[i] - b.v[i])
 DRAFTGATE_LANEWISE(vmul, a.v[i] * b.v[i])
+DRAFTGATE_LANEWISE(vdiv, a.v[i] / b.v[i])
 DRAFTGATE_LANEWISE(vmax, a.v[i] > b.v[i] ? a.v[i] : b.v[i])
 #undef DRAFTGATE_LANEWISE
 inline Vec vfma(Vec a, Vec b, Vec c) {

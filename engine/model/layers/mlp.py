@@ -6,10 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels
+
 from engine.model.layers.linear import Linear
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * d] -> [num_tokens, d]
+    if gate_up.device.type == "cpu" and gate_up.dim() == 2 and not gate_up.requires_grad:
+        return kernels.silu_and_mul(gate_up)  # one compiled pass where it built (kernels/cpu/silu_mul.cpp)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
