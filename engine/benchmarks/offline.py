@@ -7,6 +7,7 @@
    once. draftgate's LLM.generate against transformers' generate() on the same weights (the same
    GGUF file, dequantized by transformers' own loader), batched with left padding (static
    batching: a batch runs until its longest output is done; only the requested tokens count).
+   Rounds alternate the two systems (--rounds, default 3) and medians are reported.
 2. Single-stream decode tokens/s (one request, 256 output tokens).
 3. TTFT of a 1,000-token prompt, cold and with its prefix cached.
 
@@ -61,12 +62,16 @@ def run_draftgate(llm: LLM, workload: Workload) -> float:
     return elapsed
 
 
-def run_transformers(workload: Workload, batch_size: int, dtype: torch.dtype) -> float:
+def load_transformers(dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     folder, name = os.path.split(embedded_gguf_path())
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
     model.eval()
+    return model
+
+
+def run_transformers(model, workload: Workload, batch_size: int) -> float:
     pad_id = 0
     order = list(range(len(workload.prompts)))
     started = time.perf_counter()
@@ -115,12 +120,20 @@ def default_dtypes() -> list[str]:
 
 
 def measure_dtype(dtype: str, args: argparse.Namespace) -> list[str]:
-    """One dtype: draftgate's throughput, decode and TTFT, then transformers' throughput."""
+    """One dtype: throughput of draftgate and transformers in interleaved rounds (so a change in
+    the machine's speed hits both alike), then draftgate's single-stream decode and TTFT."""
     llm = LLM(dtype=dtype)
     workload = make_workload(args.num_requests, args.min_len, args.max_len, llm.engine.vocab_size, args.seed)
     # Warm-up: first-call allocations and lazy initialisation, outside every timing.
     llm.generate([workload.prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-    ours_seconds = run_draftgate(llm, workload)
+    hf_model = None if args.skip_transformers else load_transformers(getattr(torch, dtype))
+    ours_runs, hf_runs = [], []
+    for _ in range(args.rounds):
+        llm.reset_prefix_cache()  # every round computes its prompts, as the first did
+        ours_runs.append(run_draftgate(llm, workload))
+        if hf_model is not None:
+            hf_runs.append(run_transformers(hf_model, workload, args.hf_batch_size))
+    del hf_model
     decode_tps = single_stream_decode(llm, args.decode_tokens)
     long_prompt = [random.Random(1).randrange(100, llm.engine.vocab_size) for _ in range(args.ttft_prompt_len)]
     colds = []
@@ -131,9 +144,13 @@ def measure_dtype(dtype: str, args: argparse.Namespace) -> list[str]:
     cached = ttft(llm, long_prompt, repeats=5)
     del llm
     tokens = workload.num_output_tokens
-    hf_seconds = None if args.skip_transformers else run_transformers(workload, args.hf_batch_size, getattr(torch, dtype))
-    ratio = f"**{hf_seconds / ours_seconds:.2f}x**" if hf_seconds else "-"
-    hf_cell = f"{tokens / hf_seconds:.1f}" if hf_seconds else "-"
+    ours_seconds = statistics.median(ours_runs)
+    if hf_runs:
+        # The ratio is the median of each round's side-by-side ratio.
+        ratio_value = statistics.median(hf / ours for ours, hf in zip(ours_runs, hf_runs))
+        ratio, hf_cell = f"**{ratio_value:.2f}x**", f"{tokens / statistics.median(hf_runs):.1f}"
+    else:
+        ratio, hf_cell = "-", "-"
     return [f"| {dtype} | {tokens / ours_seconds:.1f} | {hf_cell} | {ratio} | {decode_tps:.1f} | "
             f"{cold * 1000:.0f} | {cached * 1000:.0f} | {cached / cold:.3f} |"]
 
@@ -149,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-tokens", type=int, default=256, help="single-stream decode length")
     parser.add_argument("--ttft-prompt-len", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved throughput rounds per system; medians (the ratio: of each round's)")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args(argv)
@@ -159,7 +178,9 @@ def main(argv: list[str] | None = None) -> None:
         rows += measure_dtype(dtype, args)
     lines = [
         f"Workload: {args.num_requests} requests of random token ids, prompt and output lengths uniform in "
-        f"{args.min_len}-{args.max_len} (seed {args.seed}), ignore_eos, greedy, all submitted at once. "
+        f"{args.min_len}-{args.max_len} (seed {args.seed}), ignore_eos, greedy, all submitted at once; "
+        f"{args.rounds} interleaved rounds (draftgate, transformers, draftgate, ...), medians, the ratio the "
+        "median of each round's ratio. "
         "Embedded SmolLM2-135M-Instruct; transformers loads the same GGUF with its own loader and runs "
         f"generate() in batches of {args.hf_batch_size} with left padding (only requested tokens count). "
         f"Single-stream decode: one request, 32-token prompt, {args.decode_tokens} tokens, timed first to last "
