@@ -217,7 +217,10 @@ def render(results: BenchResults, docs_dir: Path) -> str:
         "token streamed within the run's window; TTFT is taken at the first output-carrying frame; ITL is the gap "
         "between output frames (one frame can carry several tokens under speculation); TPOT is a request's "
         "(last frame - first frame) / (tokens - 1); the prefix hit rate is cached / prompt tokens from each "
-        "response's usage; acceptance is accepted / drafted tokens from draftgate's /metrics.", "",
+        "response's usage; acceptance is accepted / drafted tokens from draftgate's /metrics. Agent turns force a "
+        "tool call (tool_choice required), which a grammar constrains, and constrained requests get no drafts yet: "
+        "there acceptance is '-' (nothing drafted) and the two draftgate systems run the same way, so their agent "
+        "rows differ only by the machine's run-to-run noise.", "",
         "### Agent sessions across concurrency", "", *sweep_table(results), "",
     ]
     lines += [f"![{title}](img/{name})" for name, title in images]
