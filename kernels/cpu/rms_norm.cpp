@@ -18,10 +18,6 @@ namespace {
 
 enum DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 
-// Rounds each lane to what storing it in T and reading it back gives.
-inline Vec round_to(Vec a, const float*) { return a; }
-inline Vec round_to(Vec a, const bf16_t*) { return vround_bf16(a); }
-
 template <typename T>
 void norm_rows(const T* x, int64_t x_stride, const T* residual, int64_t residual_stride, const T* weight, T* out,
                T* residual_out, int64_t rows, int64_t hidden, float eps, int threads) {
@@ -37,7 +33,7 @@ void norm_rows(const T* x, int64_t x_stride, const T* residual, int64_t residual
       T* ro = residual_out + r * hidden;
       for (int64_t i = 0; i < hidden; i += kLanes) {
         const int n = static_cast<int>(std::min<int64_t>(kLanes, hidden - i));
-        const Vec v = round_to(vadd(vload(xr + i, n), vload(rr + i, n)), xr);
+        const Vec v = vround_to(vadd(vload(xr + i, n), vload(rr + i, n)), xr);
         vstore(ro + i, v, n);
         squares = vfma(v, v, squares);
       }
@@ -51,7 +47,7 @@ void norm_rows(const T* x, int64_t x_stride, const T* residual, int64_t residual
     const Vec inv = vset1(1.0f / std::sqrt(vsum(squares) / static_cast<float>(hidden) + eps));
     for (int64_t i = 0; i < hidden; i += kLanes) {
       const int n = static_cast<int>(std::min<int64_t>(kLanes, hidden - i));
-      const Vec normed = round_to(vmul(vload(xr + i, n), inv), xr);
+      const Vec normed = vround_to(vmul(vload(xr + i, n), inv), xr);
       vstore(outr + i, vmul(vload(weight + i, n), normed), n);
     }
   }

@@ -16,9 +16,6 @@ namespace {
 
 enum DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 
-inline Vec round_to(Vec a, const float*) { return a; }
-inline Vec round_to(Vec a, const bf16_t*) { return vround_bf16(a); }
-
 template <typename T>
 void silu_mul_rows(const T* gate_up, int64_t stride, T* out, int64_t rows, int64_t d, int threads) {
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
@@ -29,7 +26,7 @@ void silu_mul_rows(const T* gate_up, int64_t stride, T* out, int64_t rows, int64
     for (int64_t i = 0; i < d; i += kLanes) {
       const int n = static_cast<int>(std::min<int64_t>(kLanes, d - i));
       const Vec g = vload(gate + i, n);
-      const Vec silu = round_to(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g)))), gate);
+      const Vec silu = vround_to(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g)))), gate);
       vstore(o + i, vmul(silu, vload(up + i, n)), n);
     }
   }

@@ -214,4 +214,8 @@ inline void transpose16x16(Vec* rows, float* dst, int64_t stride) {
 
 #endif
 
+// Each lane rounded to what storing it as T and reading it back gives (T chosen by a pointer's type).
+inline Vec vround_to(Vec a, const float*) { return a; }
+inline Vec vround_to(Vec a, const bf16_t*) { return vround_bf16(a); }
+
 }  // namespace draftgate

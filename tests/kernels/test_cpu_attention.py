@@ -28,14 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "kernels" / "cpu" / "build.py"
 
 
-@pytest.fixture(scope="module")
-def compiled() -> CpuKernels:
-    loaded = cpu_kernels()
-    if loaded is None:
-        pytest.skip(f"compiled CPU kernels unavailable: {unavailable_reason()}")
-    return loaded
-
-
 @dataclass
 class Case:
     query: torch.Tensor  # [num_tokens, num_heads, head_dim] float32

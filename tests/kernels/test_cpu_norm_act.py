@@ -11,17 +11,9 @@ import kernels
 from engine.model.layers.mlp import silu_and_mul
 from engine.model.layers.rms_norm import RMSNorm
 from kernels import rms_norm_ref, silu_and_mul_ref
-from kernels.cpu import CpuKernels, cpu_kernels, unavailable_reason
+from kernels.cpu import CpuKernels
 
 BF16_ULP = 2.0 ** -7  # relative spacing of bf16 values
-
-
-@pytest.fixture(scope="module")
-def compiled() -> CpuKernels:
-    loaded = cpu_kernels()
-    if loaded is None:
-        pytest.skip(f"compiled CPU kernels unavailable: {unavailable_reason()}")
-    return loaded
 
 
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
