@@ -124,11 +124,12 @@ def with_pinned_notes(canonical: CanonicalConversation, pinned: Sequence[tuple[i
     This turn's note follows unless it repeats the last pinned one (the values have not changed).
     """
     messages = canonical.conversation_messages
-    kept = [(position, text) for position, text in pinned if position < len(messages)]
+    kept = sorted(((position, text) for position, text in pinned if position < len(messages)),
+                  key=lambda note: note[0])
     if not kept or not canonical.volatile_values:
         return canonical  # nothing was moved (policy off or aggressive): no placeholders to give values for
     result: list[dict[str, Any]] = []
-    notes = iter(sorted(kept, key=lambda note: note[0]))
+    notes = iter(kept)
     pending = next(notes, None)
     for index, message in enumerate(messages):
         while pending is not None and pending[0] == index:

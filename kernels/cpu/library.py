@@ -62,18 +62,17 @@ class CpuKernels:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lib = ctypes.CDLL(str(path))
-        self._attention = self._lib.draftgate_paged_attention
-        self._attention.argtypes = _ATTENTION_ARGS
-        self._attention.restype = ctypes.c_int
-        self._store = self._lib.draftgate_store_kv
-        self._store.argtypes = _STORE_ARGS
-        self._store.restype = ctypes.c_int
-        self._rms_norm = self._lib.draftgate_rms_norm
-        self._rms_norm.argtypes = _RMS_NORM_ARGS
-        self._rms_norm.restype = ctypes.c_int
-        self._silu_mul = self._lib.draftgate_silu_mul
-        self._silu_mul.argtypes = _SILU_MUL_ARGS
-        self._silu_mul.restype = ctypes.c_int
+        self._attention = self._bind("draftgate_paged_attention", _ATTENTION_ARGS)
+        self._store = self._bind("draftgate_store_kv", _STORE_ARGS)
+        self._rms_norm = self._bind("draftgate_rms_norm", _RMS_NORM_ARGS)
+        self._silu_mul = self._bind("draftgate_silu_mul", _SILU_MUL_ARGS)
+
+    def _bind(self, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
+        """A C function of the library; every one returns an int status (0: success)."""
+        function = getattr(self._lib, symbol)  # AttributeError when the library lacks it
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int
+        return function
 
     # ---- what the compiled path handles (the dispatcher uses the reference otherwise) ----
     @staticmethod
