@@ -30,11 +30,12 @@ class DraftMeta:
     layer_ids: list[int]  # layers of the init source the draft started from
     vocab_ids: torch.Tensor | None  # [num_outputs] int64 sorted target ids, or None (full vocabulary)
     init_source: str = "target"  # "target" or the path of the checkpoint the layers came from
+    kind: str = "layers"  # "layers": a small causal LM; "eagle": a head over the target's states (drafts/eagle.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "arch": asdict(self.arch), "shared_embedding": self.shared_embedding,
                 "layer_ids": list(self.layer_ids), "init_source": self.init_source,
-                "vocab_ids": None if self.vocab_ids is None else self.vocab_ids.cpu()}
+                "vocab_ids": None if self.vocab_ids is None else self.vocab_ids.cpu(), "kind": self.kind}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DraftMeta:
@@ -44,7 +45,7 @@ class DraftMeta:
                 arch[key] = tuple(arch[key])
         return cls(target=data["target"], arch=ArchConfig(**arch), shared_embedding=bool(data["shared_embedding"]),
                    layer_ids=list(data["layer_ids"]), vocab_ids=data["vocab_ids"],
-                   init_source=data.get("init_source", "target"))
+                   init_source=data.get("init_source", "target"), kind=data.get("kind", "layers"))
 
 
 def checkpoint_path(run_dir: str) -> str:

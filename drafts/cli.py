@@ -50,7 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(distill)
     distill.add_argument("--data", required=True, help="data folder built by `data`")
     distill.add_argument("--run", required=True, help="run folder: checkpoint, log, options")
-    distill.add_argument("--layers", default="3", help="target layers to start from: '0,15,29', or a count spread evenly")
+    distill.add_argument("--layers", default=None,
+                         help="target layers to start from: '0,15,29', or a count spread evenly (default 3; "
+                              "with --eagle the one layer the head starts from, default the last)")
+    distill.add_argument("--eagle", action="store_true",
+                         help="train an EAGLE-style head (one layer over the target's hidden states) instead of "
+                              "a small standalone draft")
+    distill.add_argument("--unroll", type=int, default=2, choices=(1, 2),
+                         help="EAGLE head: training passes (2 also trains from its own predicted states)")
     distill.add_argument("--init-checkpoint", default=None,
                          help="take the layers from this model instead (same tokenizer, e.g. Qwen3-0.6B)")
     distill.add_argument("--no-shared-embedding", action="store_true",
@@ -133,17 +140,27 @@ def _distill(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab_size, top_k=args.top_k, teacher=args.teacher,
         teacher_batch_size=args.teacher_batch_size, device=args.device, target_dtype=args.target_dtype,
         autocast=args.autocast, export_dir=args.export, export_dtype=args.export_dtype, train=train,
+        eagle=args.eagle, unroll=args.unroll,
     )
     distiller = run_distillation(options)
     print(json.dumps({"step": distiller.step, "last_loss": distiller.losses[-1] if distiller.losses else None}))
     return 0
 
 
+def _draft_kind(folder: str) -> str:
+    """A draft folder's kind ("layers" or "eagle"); a GGUF file is a standalone draft."""
+    config = os.path.join(folder, "config.json")
+    if not os.path.isfile(config):
+        return "layers"
+    with open(config, encoding="utf-8") as f:
+        return (json.load(f).get("draftgate") or {}).get("kind", "layers")
+
+
 def _eval(args: argparse.Namespace) -> int:
     from engine.llm import LLM
 
     from drafts.data.corpus import read_heldout
-    from drafts.evaluate import continuations, evaluate_acceptance, format_report
+    from drafts.evaluate import continuations, evaluate_acceptance, evaluate_eagle_acceptance, format_report
     from drafts.export import load_draft
     from drafts.init_draft import DraftInit, init_from_target, parse_layer_ids
     from drafts.target import load_target, pick_device, wrap_engine_model
@@ -160,23 +177,37 @@ def _eval(args: argparse.Namespace) -> int:
         prompts = kept
     target = load_target(args.target, device=device, dtype=torch.float32)
     teacher = wrap_engine_model(target.engine_model)
-    if args.identity:
+    eagle = None
+    if args.draft and _draft_kind(args.draft) == "eagle":
+        from engine.spec_decode.draft_model import load_draft_model
+        from engine.spec_decode.eagle import EagleProposer
+
+        head = load_draft_model(args.draft, target.engine_model, target.arch, torch.float32, device)
+        longest = max(len(p) for _, p in prompts) + args.max_new_tokens + args.max_k
+        eagle = EagleProposer(head, num_blocks=-(-longest // 16), block_size=16, device=device, dtype=torch.float32)
+        draft = None
+    elif args.identity:
         draft = teacher
     elif args.layers:
         draft = init_from_target(target, DraftInit(parse_layer_ids(args.layers, target.arch.num_hidden_layers), True))
     else:
         draft, _ = load_draft(args.draft, target)
-    draft.eval()
+    if draft is not None:
+        draft.eval()
     llm = LLM(args.target, dtype=args.engine_dtype, device=args.device, num_threads=args.threads,
               kv_cache_memory=args.kv_cache_memory)
     ids = [p for _, p in prompts]
     cache_dir = args.out
     greedy = continuations(llm, ids, temperature=0.0, max_new_tokens=args.max_new_tokens, seed=args.seed,
                            cache_path=os.path.join(cache_dir, "continuations_greedy.json") if cache_dir else None)
-    sampled = continuations(llm, ids, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                            cache_path=os.path.join(cache_dir, "continuations_t1.json") if cache_dir else None)
+    sampled = None if eagle is not None else continuations(  # (a head is replayed greedy only)
+        llm, ids, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        cache_path=os.path.join(cache_dir, "continuations_t1.json") if cache_dir else None)
     del llm
-    report = evaluate_acceptance(draft, teacher, prompts, greedy, sampled, max_k=args.max_k, device=device)
+    if eagle is not None:
+        report = evaluate_eagle_acceptance(eagle, teacher, prompts, greedy, max_k=args.max_k)
+    else:
+        report = evaluate_acceptance(draft, teacher, prompts, greedy, sampled, max_k=args.max_k, device=device)
     report["draft"] = "identity" if args.identity else (f"layers {args.layers}" if args.layers else args.draft)
     report["num_prompts"] = {kind: sum(1 for k, _ in prompts if k == kind) for kind in ("code", "chat", "tool")}
     report["max_new_tokens"] = args.max_new_tokens

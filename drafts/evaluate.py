@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -88,17 +88,62 @@ class AcceptanceCounts:
 def greedy_steps(matches: list[bool], k: int) -> AcceptanceCounts:
     """Replays greedy speculation over one continuation. matches[i]: the draft's teacher-forced
     argmax before continuation token i equals it."""
+    return replay_greedy(lambda t, j: matches[t + j], len(matches), k)
+
+
+def replay_greedy(match: Callable[[int, int], bool], n: int, k: int) -> AcceptanceCounts:
+    """Greedy speculation over a continuation of n tokens: match(t, j) says whether the j-th
+    draft of a step that starts before continuation token t equals token t + j (asked only while
+    the drafts before it matched)."""
     counts = AcceptanceCounts()
-    n = len(matches)
     t = 0
     while t < n:
         drafted = min(k, n - t)
         accepted = 0
-        while accepted < drafted and matches[t + accepted]:
+        while accepted < drafted and match(t, accepted):
             accepted += 1
         counts.add_step(drafted, accepted)
         t += accepted + 1  # the target's own token after the accepted run
     return counts
+
+
+@torch.no_grad()
+def eagle_rollout_matches(proposer: Any, states: torch.Tensor, prompt: list[int], continuation: list[int],
+                          max_k: int) -> list[list[bool]]:
+    """An EAGLE head's drafts from every start of a continuation, through the engine's own
+    proposer (engine/spec_decode/eagle.py): matches[t][j] says whether the j-th draft of a step
+    starting before continuation token t equals token t + j. states: [len(prompt + continuation),
+    hidden] the target's final states (teacher-forced). The head's KV is written once over the
+    whole sequence from the target's states; each start's drafts then overwrite the slots after
+    it with predicted states, which are put back before the next start."""
+    from engine.model.attention_metadata import AttentionMetadata
+    from engine.spec_decode.proposer import ProposalRequest
+
+    sequence = prompt + continuation
+    length = len(sequence)
+    device = states.device
+    block_size = proposer.block_size
+    block_ids = list(range(-(-(length + max_k) // block_size)))
+    meta = AttentionMetadata.build(query_lens=[length - 1], seq_lens=[length - 1], block_ids=[block_ids],
+                                   block_size=block_size, device=device)
+    # Position p reads (token p + 1, state p): every position but the last.
+    outputs = proposer._forward(torch.tensor(sequence[1:], device=device), states[:-1],
+                                torch.arange(length - 1, device=device), meta)  # [length - 1, hidden]
+    saved = proposer.kv_caches[0].clone()
+    matches: list[list[bool]] = []
+    for t in range(len(continuation)):
+        newest = len(prompt) + t - 1  # the context's last token; the head's newest output is before it
+        position = newest - 1
+        if position < 0:
+            matches.append([])
+            continue
+        proposer._newest["eval"] = (position, outputs[position])
+        wanted = min(max_k, len(continuation) - t)
+        request = ProposalRequest("eval", sequence[: newest + 1], [], num_drafts=wanted, block_ids=block_ids)
+        drafts = proposer.propose([request])["eval"].token_ids
+        matches.append([d == c for d, c in zip(drafts, continuation[t: t + wanted])])
+        proposer.kv_caches[0].copy_(saved)
+    return matches
 
 
 def sampled_steps(alphas: list[float], k: int) -> AcceptanceCounts:
@@ -236,3 +281,34 @@ def format_report(report: dict[str, Any], ks: tuple[int, ...] = (1, 2, 4, 8)) ->
                              if summary else " " * 16)
             lines.append(f"{mode:<17} {kind:<5} " + " ".join(cells))
     return "\n".join(lines)
+
+
+def evaluate_eagle_acceptance(
+    proposer: Any,  # engine.spec_decode.eagle.EagleProposer over the head
+    teacher: TrainableLlama,
+    prompts: list[tuple[str, list[int]]],
+    greedy_continuations: list[list[int]],
+    *,
+    max_k: int = 8,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """{"greedy": {kind: {k: summary}}} for an EAGLE head, replayed exactly (eagle_rollout_matches).
+    Temperature-1 figures are not computed for a head: its later drafts depend on the drafted
+    tokens, which a teacher-forced pass over a sampled continuation does not follow."""
+    if len(greedy_continuations) != len(prompts):
+        raise ValueError(f"{len(greedy_continuations)} continuations for {len(prompts)} prompts")
+    per_kind: dict[str, dict[int, AcceptanceCounts]] = {}
+    device = proposer.device
+    for (kind, prompt), continuation in tqdm(list(zip(prompts, greedy_continuations)), desc="eval eagle",
+                                             disable=not progress):
+        if not continuation:
+            continue
+        sequence = torch.tensor([prompt + continuation], dtype=torch.int64, device=device)
+        with torch.no_grad():
+            states = teacher(sequence)[0]  # [length, hidden]
+        matches = eagle_rollout_matches(proposer, states, prompt, continuation, max_k)
+        for k in range(1, max_k + 1):
+            counts = replay_greedy(lambda t, j: j < len(matches[t]) and matches[t][j], len(continuation), k)
+            for name in (kind, "all"):
+                per_kind.setdefault(name, {}).setdefault(k, AcceptanceCounts()).merge(counts)
+    return {"greedy": {kind: {k: c.summary() for k, c in ks.items()} for kind, ks in per_kind.items()}}

@@ -141,6 +141,10 @@ def export_draft(draft: TrainableLlama, folder: str, *, target_name: str, shared
         "shared_embedding": shared_embedding,
         "draft_vocab_size": None if draft.vocab_ids is None else int(draft.vocab_ids.numel()),
     }
+    fc = getattr(draft, "fc", None)
+    if fc is not None:  # an EAGLE head (drafts/eagle.py): its input projection, and its kind
+        tensors["fc.weight"] = fc.weight.detach().to(device="cpu", dtype=dtype).contiguous()
+        config["draftgate"]["kind"] = "eagle"
     save_file(tensors, os.path.join(folder, WEIGHTS_FILE), metadata={"format": "pt"})
     vocab_path = os.path.join(folder, DRAFT_VOCAB_FILE)
     if draft.vocab_ids is not None:

@@ -95,11 +95,11 @@ def _init_from_model(source: LlamaForCausalLM, target: Target, init: DraftInit,
             for name, param in draft.layers[new_index].named_parameters():
                 param.copy_(source_params[f"layers.{old_index}.{name}"])
         draft.norm.weight.copy_(source.norm.weight)
-        _init_embedding_and_head(draft, source, target, init)
+        init_embedding_and_head(draft, source, target, init)
     return draft
 
 
-def _init_embedding_and_head(draft: TrainableLlama, source: LlamaForCausalLM, target: Target,
+def init_embedding_and_head(draft: TrainableLlama, source: LlamaForCausalLM, target: Target,
                              init: DraftInit) -> None:
     vocab_ids = init.vocab_ids
     if init.shared_embedding:

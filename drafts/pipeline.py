@@ -19,7 +19,9 @@ from engine.model.resolve import resolve_model
 
 from drafts.checkpoint import DraftMeta, load_checkpoint
 from drafts.data.corpus import Corpus
+from drafts.eagle import EagleDistiller, TrainableEagle, init_eagle
 from drafts.export import export_draft
+from drafts.features import FeatureCache
 from drafts.init_draft import DraftInit, init_from_checkpoint, init_from_target, parse_layer_ids
 from drafts.model import TrainableLlama
 from drafts.target import Target, load_target, pick_device, wrap_engine_model
@@ -37,7 +39,7 @@ class DistillOptions:
     target: str | None  # None: the embedded SmolLM2-135M-Instruct
     data_dir: str
     run_dir: str
-    layers: str = "3"  # "0,15,29" or a count spread over the target
+    layers: str | None = None  # "0,15,29" or a count spread over the target; None: 3 (an EAGLE head: the last layer)
     init_checkpoint: str | None = None  # another model (same tokenizer) to take the layers from
     shared_embedding: bool = True
     draft_vocab_size: int | None = None  # None: the full vocabulary
@@ -50,8 +52,12 @@ class DistillOptions:
     export_dir: str | None = None
     export_dtype: str = "bfloat16"
     train: TrainConfig = TrainConfig()
+    eagle: bool = False  # train an EAGLE-style head over the target's hidden states (drafts/eagle.py)
+    unroll: int = 2  # an EAGLE head's training passes (2: also from its own predicted states)
 
     def __post_init__(self) -> None:
+        if self.eagle and (self.init_checkpoint is not None or not self.shared_embedding):
+            raise ValueError("an EAGLE head starts from a target layer and shares the target's embedding and head")
         if self.teacher not in ("precompute", "online"):
             raise ValueError(f"teacher must be 'precompute' or 'online', got {self.teacher!r}")
         if self.top_k < 1:
@@ -73,6 +79,9 @@ def build_draft(options: DistillOptions, target: Target, corpus: Corpus) -> tupl
     payload = load_checkpoint(options.run_dir)
     if payload is not None:
         meta = DraftMeta.from_dict(payload["meta"])
+        if meta.kind != ("eagle" if options.eagle else "layers"):
+            raise ValueError(f"run folder {options.run_dir!r} holds a checkpoint of a {meta.kind!r} draft: "
+                             "use a new --run folder")
         vocab_ids = meta.vocab_ids
         layer_ids = tuple(meta.layer_ids)
     else:
@@ -81,14 +90,26 @@ def build_draft(options: DistillOptions, target: Target, corpus: Corpus) -> tupl
             counts = count_tokens(corpus.tokens, target.arch.vocab_size)
             vocab_ids = select_draft_vocab(counts, options.draft_vocab_size, target.tokenizer.all_special_ids)
         layer_ids = None
+    if options.eagle:
+        # One layer: --layers names it (a bare number is a layer id here, not a count).
+        if not layer_ids:
+            try:
+                layer_ids = (int(options.layers),) if options.layers else (target.arch.num_hidden_layers - 1,)
+            except ValueError:
+                raise ValueError(f"an EAGLE head has one layer: --layers names one target layer, "
+                                 f"got {options.layers!r}") from None
+        draft = init_eagle(target, layer_ids[0], vocab_ids)
+        meta = DraftMeta(target=target.name, arch=draft.arch, shared_embedding=True, layer_ids=list(layer_ids),
+                         vocab_ids=vocab_ids, init_source="target", kind="eagle")
+        return draft, meta
     if options.init_checkpoint is None:
-        layer_ids = layer_ids or parse_layer_ids(options.layers, target.arch.num_hidden_layers)
+        layer_ids = layer_ids or parse_layer_ids(options.layers or "3", target.arch.num_hidden_layers)
         init = DraftInit(layer_ids, options.shared_embedding, vocab_ids)
         draft = init_from_target(target, init)
         source = "target"
     else:
         source_model, source_arch = load_model(resolve_model(options.init_checkpoint), torch.float32, target.device)
-        layer_ids = layer_ids or parse_layer_ids(options.layers, source_arch.num_hidden_layers)
+        layer_ids = layer_ids or parse_layer_ids(options.layers or "3", source_arch.num_hidden_layers)
         init = DraftInit(layer_ids, options.shared_embedding, vocab_ids)
         draft = init_from_checkpoint(source_model, target, init)
         del source_model
@@ -117,8 +138,16 @@ def run_distillation(options: DistillOptions, *, progress: bool = True) -> Disti
         json.dump({**asdict(options), "layer_ids": meta.layer_ids,
                    "num_trainable_params": sum(p.numel() for p in draft.parameters() if p.requires_grad)}, f, indent=2)
     mapping = None if meta.vocab_ids is None else target_to_draft_map(meta.vocab_ids.to(device), target.arch.vocab_size)
-    distiller = Distiller(draft, teacher, corpus, options.train, options.run_dir, meta, target_to_draft=mapping,
-                          autocast_dtype=autocast_dtype, progress=progress)
+    if options.eagle:
+        features = FeatureCache(options.data_dir, corpus, target.arch.hidden_size, target.name)
+        features.precompute(teacher_model, batch_size=options.teacher_batch_size, device=device,
+                            autocast_dtype=autocast_dtype, progress=progress)
+        distiller: Distiller = EagleDistiller(draft, teacher, corpus, options.train, options.run_dir, meta,
+                                              features=features, target_to_draft=mapping,
+                                              autocast_dtype=autocast_dtype, unroll=options.unroll, progress=progress)
+    else:
+        distiller = Distiller(draft, teacher, corpus, options.train, options.run_dir, meta, target_to_draft=mapping,
+                              autocast_dtype=autocast_dtype, progress=progress)
     distiller.train()
     if options.export_dir is not None:
         export_draft(draft, options.export_dir, target_name=target.name, shared_embedding=options.shared_embedding,
@@ -133,7 +162,8 @@ def export_run(run_dir: str, out_dir: str, *, dtype: str = "bfloat16") -> None:
     if payload is None:
         raise FileNotFoundError(f"run folder {run_dir!r} has no checkpoint")
     meta = DraftMeta.from_dict(payload["meta"])
-    draft = TrainableLlama(meta.arch, vocab_ids=meta.vocab_ids, dtype=torch.float32, device="cpu")
+    kind = TrainableEagle if meta.kind == "eagle" else TrainableLlama
+    draft = kind(meta.arch, vocab_ids=meta.vocab_ids, dtype=torch.float32, device="cpu")
     state = payload["model"]
     with torch.no_grad():
         for name, param in draft.named_parameters():

@@ -228,4 +228,7 @@ def _summarise(window: list[dict[str, float]], seconds: float) -> dict[str, Any]
     tokens = sum(m["tokens"] for m in window)
     return {"step": int(window[-1]["step"]), "loss": sum(m["loss"] for m in window) / len(window),
             "top1": sum(m["top1"] * m["tokens"] for m in window) / max(tokens, 1), "lr": window[-1]["lr"],
-            "grad_norm": window[-1]["grad_norm"], "tokens_per_s": tokens / max(seconds, 1e-9), "time": time.time()}
+            "grad_norm": window[-1]["grad_norm"], "tokens_per_s": tokens / max(seconds, 1e-9), "time": time.time(),
+            # An EAGLE head's second unrolled pass (drafts/eagle.py): top-1 from its own predicted states.
+            **({"top1_second": sum(m["top1_second"] * m["tokens"] for m in window) / max(tokens, 1)}
+               if all("top1_second" in m for m in window) else {})}

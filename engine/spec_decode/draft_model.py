@@ -67,10 +67,16 @@ class DraftModel:
     vocab_ids: torch.Tensor | None
     # head_weight prepacked for oneDNN (bf16 on CPUs with AMX / AVX512-BF16), else None.
     head_packed: torch.Tensor | None = None
+    # An EAGLE head (engine/spec_decode/eagle.py): [hidden, 2 * hidden], the projection of
+    # [embedding; target state] into its layer. None: a standalone draft model.
+    fc_weight: torch.Tensor | None = None
+    fc_packed: torch.Tensor | None = None  # fc_weight prepacked for oneDNN, like head_packed
 
 
-# The draft shipped for the embedded model (trained by drafts/, stored in the repository).
-SHIPPED_DRAFT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "drafts", "smollm2-135m-draft")
+# The draft shipped for the embedded model (trained by drafts/, stored in the repository): an
+# EAGLE head (engine/spec_decode/eagle.py). drafts/smollm2-135m-draft is the earlier standalone
+# 3-layer draft, kept for comparison (--draft drafts/smollm2-135m-draft).
+SHIPPED_DRAFT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "drafts", "smollm2-135m-eagle")
 
 
 def resolve_draft_path(config: SpeculativeConfig, target: ResolvedModel) -> str:
@@ -94,6 +100,9 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
         return DraftModel(model, arch, None, None)
     with open(os.path.join(resolved.path, "config.json"), encoding="utf-8") as f:
         extra = json.load(f).get("draftgate") or {}
+    kind = extra.get("kind", "layers")
+    if kind not in ("layers", "eagle"):
+        raise ValueError(f"draft {path!r}: unknown draftgate kind {kind!r} (expected 'layers' or 'eagle')")
     provided = {}
     if extra.get("shared_embedding"):
         provided["model.embed_tokens.weight"] = target.embed_tokens.weight
@@ -115,12 +124,25 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
         head_weight = model.lm_head.weight.index_select(0, vocab_ids)  # [output_vocab, hidden]
     # Drafting is k tiny forwards per step, so per-call weight reordering would dominate: the
     # decoder linears and the reduced head are prepacked like the target's (bf16 on AMX CPUs).
-    head_packed = None
-    if prepare_draft_layers(model, device) and head_weight is not None:
-        head_packed = prepack_bf16(head_weight)
-    elif head_weight is None:
+    fc_weight = None
+    if kind == "eagle":
+        if not extra.get("shared_embedding"):
+            raise ValueError(f"draft {path!r}: an EAGLE head shares its target's embedding and head")
+        if arch.num_hidden_layers != 1 or arch.hidden_size != target_arch.hidden_size:
+            raise ValueError(f"draft {path!r}: an EAGLE head has one layer of the target's hidden size")
+        fc_weight = load_file(os.path.join(resolved.path, "model.safetensors"))["fc.weight"].to(device=device, dtype=dtype)
+        if tuple(fc_weight.shape) != (arch.hidden_size, 2 * arch.hidden_size):
+            raise ValueError(f"draft {path!r}: fc.weight is {tuple(fc_weight.shape)}, expected "
+                             f"({arch.hidden_size}, {2 * arch.hidden_size})")
+    head_packed = fc_packed = None
+    if prepare_draft_layers(model, device):
+        if head_weight is not None:
+            head_packed = prepack_bf16(head_weight)
+        if fc_weight is not None:
+            fc_packed = prepack_bf16(fc_weight)
+    elif head_weight is None and kind == "layers":
         prepare_for_inference(model, None, device)
-    return DraftModel(model, arch, head_weight, vocab_ids, head_packed)
+    return DraftModel(model, arch, head_weight, vocab_ids, head_packed, fc_weight, fc_packed)
 
 
 def _check_vocab(arch: ArchConfig, target_arch: ArchConfig, path: str) -> None:
@@ -247,14 +269,19 @@ class DraftModelProposer:
         return self.draft.model(input_ids, positions, self.kv_caches, meta)
 
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n] target token ids
-        if self.draft.head_weight is None:
-            return self.draft.model.compute_logits(hidden).argmax(dim=-1)
-        if self.draft.head_packed is not None:
-            rows = onednn_linear(hidden, self.draft.head_packed).argmax(dim=-1)
-        else:
-            rows = torch.nn.functional.linear(hidden, self.draft.head_weight).argmax(dim=-1)
-        assert self.draft.vocab_ids is not None
-        return self.draft.vocab_ids.index_select(0, rows)
+        return greedy_draft_tokens(self.draft, hidden)
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
         pass  # the KV lives in the shared block pool; nothing per request to drop
+
+
+def greedy_draft_tokens(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n] token ids
+    """The argmax of the draft's output head (its reduced vocabulary mapped back to target ids)."""
+    if draft.head_weight is None:
+        return draft.model.compute_logits(hidden).argmax(dim=-1)
+    if draft.head_packed is not None:
+        rows = onednn_linear(hidden, draft.head_packed).argmax(dim=-1)
+    else:
+        rows = torch.nn.functional.linear(hidden, draft.head_weight).argmax(dim=-1)
+    assert draft.vocab_ids is not None
+    return draft.vocab_ids.index_select(0, rows)

@@ -25,6 +25,7 @@ from engine.sample.sampler import Sampler
 from engine.sample.sampling_metadata import SamplingMetadata
 from engine.spec_decode.controller import SpeculationController
 from engine.spec_decode.draft_model import DraftModelProposer, load_draft_model
+from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 from engine.worker.input_batch import CachedRequestState, build_step_inputs
@@ -113,8 +114,12 @@ class ModelRunner:
             if draft_path is None:
                 raise ValueError(f"speculative {self.speculative_config.method!r} needs a draft model")
             self.draft = load_draft_model(draft_path, self.model, self.arch, self.dtype, self.device)
-            self._draft_kv_bytes_per_block = DraftModelProposer.kv_bytes_per_block(
-                self.draft.arch, self.block_size, self.dtype)
+            if self.draft.fc_weight is not None:
+                self._draft_kv_bytes_per_block = EagleProposer.kv_bytes_per_block(self.draft, self.block_size,
+                                                                                  self.dtype)
+            else:
+                self._draft_kv_bytes_per_block = DraftModelProposer.kv_bytes_per_block(
+                    self.draft.arch, self.block_size, self.dtype)
         self.spec: SpeculationController | None = None  # built with the KV cache
         self.step_seconds = 0.0
         # Unseeded requests sample from torch's default generator; seeding it from the engine
@@ -163,8 +168,9 @@ class ModelRunner:
         if config.enabled:
             draft_proposer = None
             if self.draft is not None:
-                draft_proposer = DraftModelProposer(self.draft, num_blocks=num_blocks, block_size=self.block_size,
-                                                    device=self.device, dtype=self.dtype)
+                kind = EagleProposer if self.draft.fc_weight is not None else DraftModelProposer
+                draft_proposer = kind(self.draft, num_blocks=num_blocks, block_size=self.block_size,
+                                      device=self.device, dtype=self.dtype)
             suffix = SuffixProposer() if config.method in ("suffix", "hybrid") else None
             self.spec = SpeculationController(config, suffix=suffix, draft=draft_proposer)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
@@ -216,6 +222,7 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=None)
         step = build_step_inputs(self.requests, req_ids, out.num_scheduled_tokens, self.block_size)
+        num_step_drafts = [len(self.requests[req_id].spec_token_ids) for req_id in req_ids]
         device = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(step.slot_mapping).to(device, non_blocking=True),
@@ -252,6 +259,9 @@ class ModelRunner:
                 sampled_token_ids[row] = tokens[i]
                 if row_logprobs is not None and row_logprobs[i] is not None and row_logprobs[i][0] is not None:
                     logprobs[row] = row_logprobs[i]
+        if self.spec is not None and isinstance(self.spec.draft, EagleProposer):
+            self._observe_eagle(self.spec.draft, hidden, step, req_ids, sampled_token_ids, num_step_drafts)
+        if step.sample_rows:
             if self.spec is not None:
                 # The price list of the next drafts: what this step cost for its tokens (before
                 # proposing, which the draft model prices itself).
@@ -260,6 +270,22 @@ class ModelRunner:
         self.step_seconds += time.perf_counter() - started
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs,
                                  spec_token_ids=spec_token_ids)
+
+    def _observe_eagle(self, eagle: EagleProposer, hidden: torch.Tensor, step, req_ids: list[str],
+                       sampled_token_ids: list[list[int]], num_step_drafts: list[int]) -> None:
+        """Runs the EAGLE head over the positions whose target states this step verified: every
+        scheduled position, less the drafts the target rejected."""
+        requests = []
+        for row, req_id in enumerate(req_ids):
+            state = self.requests[req_id]
+            num_scheduled = step.query_start_loc[row + 1] - step.query_start_loc[row]
+            num_valid = num_scheduled
+            if sampled_token_ids[row]:
+                # Scheduled: the real tokens, then k drafts; verified: the real ones and the
+                # len(sampled) - 1 drafts accepted.
+                num_valid = num_scheduled - num_step_drafts[row] + len(sampled_token_ids[row]) - 1
+            requests.append((req_id, state.prompt_token_ids, state.output_token_ids, state.block_ids, num_valid))
+        eagle.observe(hidden, step.positions, step.query_start_loc, requests)
 
     def _sampling_metadata(self, states: list[CachedRequestState], outputs: list[list[int]],
                            bitmask_rows: list[np.ndarray | None] | None = None) -> SamplingMetadata:

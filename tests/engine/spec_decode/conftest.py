@@ -53,3 +53,18 @@ def small_draft(tmp_path_factory: pytest.TempPathFactory) -> str:
     }
     (folder / "config.json").write_text(json.dumps(config))
     return str(Path(folder))
+
+
+@pytest.fixture(scope="session")
+def eagle_head(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An untrained EAGLE head for the embedded model, written by the drafts pipeline's own
+    init and export (its layer the target's last, fc = [I I], the first DRAFT_VOCAB tokens)."""
+    from drafts.eagle import init_eagle
+    from drafts.export import export_draft
+    from drafts.target import load_target
+
+    target = load_target(None, device=torch.device("cpu"), dtype=torch.float32, progress=False)
+    head = init_eagle(target, target.arch.num_hidden_layers - 1, torch.arange(DRAFT_VOCAB, dtype=torch.int64))
+    folder = tmp_path_factory.mktemp("eagle")
+    export_draft(head, str(folder), target_name=target.name, shared_embedding=True, dtype=torch.float32)
+    return str(Path(folder))

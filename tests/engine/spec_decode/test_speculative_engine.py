@@ -31,14 +31,16 @@ def reference() -> list[list[int]]:
 
 
 # Hybrid runs both proposers, so it gets every schedule; the single proposers one each.
+# "eagle": the draft method with an EAGLE head (engine/spec_decode/eagle.py) as its draft.
 CASES = [("hybrid", "batched"), ("hybrid", "chunked"), ("hybrid", "preempted"), ("suffix", "preempted"),
-         ("draft", "chunked")]
+         ("draft", "chunked"), ("eagle", "batched"), ("eagle", "chunked"), ("eagle", "preempted")]
 
 
 @pytest.mark.parametrize(("method", "schedule"), CASES)
 def test_greedy_identical_to_plain_decoding(method: str, schedule: str, reference: list[list[int]],
-                                           small_draft: str) -> None:
-    draft = small_draft if method != "suffix" else None
+                                           small_draft: str, eagle_head: str) -> None:
+    draft = {"suffix": None, "eagle": eagle_head}.get(method, small_draft)
+    method = "draft" if method == "eagle" else method
     llm = LLM(dtype="float32", speculative=method, draft=draft, num_speculative_tokens=4, **SCHEDULES[schedule])
     first = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in first] == reference
@@ -66,10 +68,12 @@ def test_sampled_requests_run_with_drafts() -> None:
     # Sampling is lossless in distribution (tests/engine/sample/test_rejection_sampler.py), not
     # draw for draw: which drafts a request gets changes which random numbers it uses. So here:
     # requests finish with the asked length, and a fresh engine repeats a fresh engine's run.
+    # Adaptive speculation prices drafts by measured step times, so how many a request gets
+    # depends on the machine's load: fixed-length drafting keeps the two runs comparable.
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=20, ignore_eos=True)
     runs = []
     for _ in range(2):
-        llm = LLM(dtype="float32", speculative="suffix", kv_cache_memory="64MiB")
+        llm = LLM(dtype="float32", speculative="suffix", kv_cache_memory="64MiB", adaptive_speculation=False)
         runs.append([o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)])
         assert llm.stats().spec_num_accepted_tokens > 0
     assert all(len(tokens) == 20 for tokens in runs[0])

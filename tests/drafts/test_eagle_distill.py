@@ -1,0 +1,127 @@
+"""Training an EAGLE head on a tiny target: the stored states are the target's, the loss goes
+down, a resumed run continues the same trajectory, and the exported folder loads in the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from drafts.checkpoint import DraftMeta
+from drafts.eagle import EagleDistiller, init_eagle
+from drafts.export import export_draft
+from drafts.features import FeatureCache
+from drafts.target import Target, wrap_engine_model
+from drafts.teacher import OnTheFlyTeacher, pad_windows
+from drafts.train import TrainConfig
+from drafts.vocab import target_to_draft_map
+from engine.spec_decode.draft_model import load_draft_model
+from test_distill import _corpus
+
+
+def _features(target: Target, folder: Path) -> FeatureCache:
+    corpus = _corpus()
+    cache = FeatureCache(str(folder), corpus, target.arch.hidden_size, target.name)
+    cache.precompute(wrap_engine_model(target.engine_model), batch_size=5, device=torch.device("cpu"),
+                     autocast_dtype=None, progress=False)
+    return cache
+
+
+def _distiller(target: Target, run_dir: Path, features: FeatureCache, config: TrainConfig,
+               unroll: int = 2) -> EagleDistiller:
+    vocab_ids = torch.tensor(sorted(set(range(0, 259, 2)) | {256, 257, 258}))
+    head = init_eagle(target, 3, vocab_ids)
+    meta = DraftMeta(target.name, head.arch, True, [3], vocab_ids, kind="eagle")
+    teacher = OnTheFlyTeacher(wrap_engine_model(target.engine_model), top_k=16, autocast_dtype=None)
+    return EagleDistiller(head, teacher, features.corpus, config, str(run_dir), meta, features=features,
+                          target_to_draft=target_to_draft_map(vocab_ids, target.arch.vocab_size),
+                          autocast_dtype=None, unroll=unroll, progress=False)
+
+
+def test_feature_cache_holds_the_target_states_and_resumes(tiny_target: Target, tmp_path: Path) -> None:
+    cache = _features(tiny_target, tmp_path)
+    corpus = cache.corpus
+    indices = [0, 3, corpus.num_windows - 1]
+    input_ids, lengths = pad_windows(corpus, indices, torch.device("cpu"))
+    with torch.no_grad():
+        expected = wrap_engine_model(tiny_target.engine_model)(input_ids)
+    stored = cache.windows(indices, input_ids.shape[1])
+    for row, length in enumerate(lengths):
+        torch.testing.assert_close(stored[row, :length], expected[row, :length], atol=2e-3, rtol=2e-3)
+        assert not stored[row, length:].any()
+    # Cut the progress back: a new precompute redoes only the windows after it.
+    progress = json.loads((tmp_path / f"features_h{tiny_target.arch.hidden_size}.json").read_text())
+    assert progress["windows_done"] == corpus.num_windows
+    progress["windows_done"] = 5
+    (tmp_path / f"features_h{tiny_target.arch.hidden_size}.json").write_text(json.dumps(progress))
+    again = FeatureCache(str(tmp_path), corpus, tiny_target.arch.hidden_size, tiny_target.name)
+    assert again.windows_done == 5 and not again.complete
+    again.precompute(wrap_engine_model(tiny_target.engine_model), batch_size=5, device=torch.device("cpu"),
+                     autocast_dtype=None, progress=False)
+    assert again.complete
+    torch.testing.assert_close(again.windows(indices, input_ids.shape[1]), stored)
+
+
+def test_head_learns_and_resumes(tiny_target: Target, tmp_path: Path) -> None:
+    features = _features(tiny_target, tmp_path / "data")
+    config = TrainConfig(steps=40, batch_size=4, lr=3e-3, warmup_steps=4, checkpoint_every=100, log_every=10)
+    losses = _distiller(tiny_target, tmp_path / "run", features, config).train()
+    assert np.mean(losses[-4:]) < 0.7 * np.mean(losses[:4]), (losses[:4], losses[-4:])
+    log = [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")]
+    assert log[-1]["top1"] > log[0]["top1"] and "top1_second" in log[-1]
+
+    short = TrainConfig(steps=8, batch_size=3, lr=2e-3, warmup_steps=2, checkpoint_every=4)
+    straight = _distiller(tiny_target, tmp_path / "straight", features, short).train()
+    first = _distiller(tiny_target, tmp_path / "resumed", features, short)
+    head_losses = first.train(stop_at=4)
+    second = _distiller(tiny_target, tmp_path / "resumed", features, short)
+    assert second.step == 4
+    assert head_losses + second.train() == straight
+
+
+def test_exported_head_loads_in_the_engine(tiny_target: Target, tmp_path: Path) -> None:
+    features = _features(tiny_target, tmp_path / "data")
+    distiller = _distiller(tiny_target, tmp_path / "run", features, TrainConfig(steps=2, batch_size=2), unroll=1)
+    distiller.train()
+    export_draft(distiller.draft, str(tmp_path / "head"), target_name=tiny_target.name, shared_embedding=True,
+                 dtype=torch.float32)
+    loaded = load_draft_model(str(tmp_path / "head"), tiny_target.engine_model, tiny_target.arch, torch.float32,
+                              torch.device("cpu"))
+    assert loaded.fc_weight is not None
+    torch.testing.assert_close(loaded.fc_weight, distiller.draft.fc.weight.detach())
+    assert loaded.arch.num_hidden_layers == 1
+
+
+def test_eval_replays_the_head_through_the_engine(tiny_target: Target, tmp_path: Path) -> None:
+    from drafts.evaluate import eagle_rollout_matches, evaluate_eagle_acceptance, greedy_steps
+    from engine.spec_decode.eagle import EagleProposer
+
+    features = _features(tiny_target, tmp_path / "data")
+    distiller = _distiller(tiny_target, tmp_path / "run", features, TrainConfig(steps=20, batch_size=4, lr=3e-3))
+    distiller.train()
+    export_draft(distiller.draft, str(tmp_path / "head"), target_name=tiny_target.name, shared_embedding=True,
+                 dtype=torch.float32)
+    loaded = load_draft_model(str(tmp_path / "head"), tiny_target.engine_model, tiny_target.arch, torch.float32,
+                              torch.device("cpu"))
+    proposer = EagleProposer(loaded, num_blocks=16, block_size=8, device=torch.device("cpu"), dtype=torch.float32)
+    corpus = features.corpus
+    window = [int(t) for t in corpus.window(0)]
+    prompt, continuation = window[:12], window[12:]
+    teacher = wrap_engine_model(tiny_target.engine_model)
+    with torch.no_grad():
+        states = teacher(torch.tensor([window]))[0]
+        # The first draft of every start comes from the target's own states: teacher-forced.
+        head = distiller.draft.eval()
+        rows = head.logits(head(torch.tensor([window[1:]]), states[None, :-1])[0]).argmax(-1)
+        first_drafts = head.vocab_ids[rows].tolist()  # first_drafts[p]: the draft of token p + 2
+    matches = eagle_rollout_matches(proposer, states, prompt, continuation, max_k=4)
+    assert [m[0] for m in matches] == [first_drafts[len(prompt) + t - 2] == continuation[t]
+                                       for t in range(len(continuation))]
+    assert all(len(m) == min(4, len(continuation) - t) for t, m in enumerate(matches))
+    report = evaluate_eagle_acceptance(proposer, teacher, [("code", prompt)], [continuation], max_k=4,
+                                       progress=False)
+    k1 = greedy_steps([m[0] for m in matches], 1).summary()
+    assert report["greedy"]["code"][1] == k1
+    assert set(report["greedy"]) == {"code", "all"}
