@@ -1,6 +1,7 @@
 """The EAGLE head: the engine's paged form (engine/spec_decode/eagle.py) computes what the
-training form (drafts/eagle.py) computes, through the exported folder; the eager pass over
-chunks equals one pass over the whole context; drafts roll out the predicted states exactly."""
+training form (drafts/eagle.py) computes, through the exported folder; buffered positions run
+in chunks equal one pass over the whole context; drafts roll out the predicted states exactly;
+a finished request's last positions get head KV for later prefix hits."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from drafts.eagle import TrainableEagle, init_eagle
 from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.draft_model import load_draft_model
-from engine.spec_decode.eagle import EagleProposer
+from engine.spec_decode.eagle import FLUSH_TOKENS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 
 VOCAB = 4096
@@ -43,46 +44,72 @@ def _proposer(draft) -> EagleProposer:
     return EagleProposer(draft, num_blocks=8, block_size=BLOCK, device=torch.device("cpu"), dtype=torch.float32)
 
 
-def _observe(proposer: EagleProposer, ids: list[int], states: torch.Tensor, start: int, end: int) -> None:
+def _observe(proposer: EagleProposer, ids: list[int], states: torch.Tensor, start: int, end: int,
+             req_id: str = "r") -> None:
     """One target step that computed positions [start, end) of a request whose prompt is ids."""
     positions = np.arange(start, end)
     proposer.observe(states[start:end], positions, [0, end - start],
-                     [("r", ids, [], list(range(8)), end - start)])
+                     [(req_id, ids, [], list(range(8)), end - start)])
 
 
-def test_chunked_eager_pass_equals_training_forward(setup) -> None:
+def _expected_states(head: TrainableEagle, ids: list[int], states: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return head(torch.tensor([ids[1:]]), states[None, :-1])[0]  # [L - 1, hidden]
+
+
+def test_buffered_positions_run_once_enough_pile_up(setup) -> None:
     head, draft, ids, states = setup
     length = len(ids)
-    with torch.no_grad():
-        expected = head(torch.tensor([ids[1:]]), states[None, :-1])[0]  # [L - 1, hidden]
+    expected = _expected_states(head, ids, states)
     proposer = _proposer(draft)
     _observe(proposer, ids, states, 0, 20)
-    position, state = proposer._newest["r"]
-    assert position == 19
-    torch.testing.assert_close(state, expected[19], atol=2e-4, rtol=2e-4)
+    assert "r" not in proposer._newest and proposer._buffered["r"].count == 20 < FLUSH_TOKENS
     # The last chunk includes the newest token, which has no successor yet: it stops one short.
     _observe(proposer, ids, states, 20, length)
+    assert "r" not in proposer._buffered
     position, state = proposer._newest["r"]
     assert position == length - 2
     torch.testing.assert_close(state, expected[length - 2], atol=2e-4, rtol=2e-4)
 
 
-def test_drafts_roll_out_predicted_states(setup) -> None:
-    head, draft, ids, states = setup
-    proposer = _proposer(draft)
-    _observe(proposer, ids, states, 0, len(ids))
-    proposal = proposer.propose([ProposalRequest("r", ids, [], num_drafts=4, block_ids=list(range(8)))])["r"]
-    # The training form, rolled out: each draft appends (token, predicted state) and reruns.
-    tokens, feats = list(ids[1:]), states[:-1]
-    expected = []
+def _rollout(head: TrainableEagle, ids: list[int], states: torch.Tensor, k: int) -> list[int]:
+    """The training form's drafts after context ids: each appends (token, predicted state) and reruns."""
+    tokens, feats = list(ids[1:]), states[: len(ids) - 1]
+    out = []
     with torch.no_grad():
-        for _ in range(4):
+        for _ in range(k):
             predicted = head(torch.tensor([tokens]), feats[None])[0, -1]  # [hidden]
-            draft_token = int(head.vocab_ids[head.logits(predicted).argmax()])
-            expected.append(draft_token)
-            tokens.append(draft_token)
+            token = int(head.vocab_ids[head.logits(predicted).argmax()])
+            out.append(token)
+            tokens.append(token)
             feats = torch.cat([feats, predicted[None]])
-    assert proposal.token_ids == expected
+    return out
+
+
+@pytest.mark.parametrize("context", [48, 12])
+def test_drafts_roll_out_predicted_states(setup, context: int) -> None:
+    # 48: the positions were run when they piled up; 12: propose runs them (catch-up and first
+    # draft in one pass).
+    head, draft, ids, states = setup
+    ids, states = ids[:context], states[:context]
+    proposer = _proposer(draft)
+    _observe(proposer, ids, states, 0, context)
+    proposal = proposer.propose([ProposalRequest("r", ids, [], num_drafts=4, block_ids=list(range(8)))])["r"]
+    assert proposal.token_ids == _rollout(head, ids, states, 4)
+
+
+def test_finished_requests_leave_head_kv_for_prefix_hits(setup) -> None:
+    head, draft, ids, states = setup
+    expected = _expected_states(head, ids, states)
+    proposer = _proposer(draft)
+    _observe(proposer, ids[:11], states[:11], 0, 11)  # positions 0..9 buffered
+    proposer.finish("r", [ids[11]])
+    # A new request with the same prefix (the same blocks, as after a prefix-cache hit) computes
+    # only from position 10: its head attends to the finished request's positions 0..9.
+    _observe(proposer, ids, states, 10, len(ids), req_id="s")
+    position, state = proposer._newest["s"]
+    assert position == len(ids) - 2
+    torch.testing.assert_close(state, expected[len(ids) - 2], atol=2e-4, rtol=2e-4)
 
 
 def test_no_drafts_without_an_observed_state(setup) -> None:
