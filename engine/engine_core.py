@@ -139,17 +139,26 @@ class EngineCore:
         # Even a step that schedules nothing goes to the runner: it carries the finished and
         # preempted ids whose state the runner must drop.
         bitmasks = (self.structured_output.bitmasks_for_step(scheduler_output.num_scheduled_tokens,
-                                                             self.scheduler.requests)
+                                                             self.scheduler.requests,
+                                                             scheduler_output.scheduled_spec_decode_tokens)
                     if self.structured_output.num_requests else None)
         runner_output = self.runner.execute_model(scheduler_output, token_bitmasks=bitmasks or None)
         results = self.scheduler.update_from_output(scheduler_output, runner_output)
-        if runner_output.spec_token_ids and self.structured_output.num_requests:
-            # A grammar masks one token per step: constrained requests get no drafts.
-            for request_id in [r for r in runner_output.spec_token_ids if self.structured_output.has_request(r)]:
-                del runner_output.spec_token_ids[request_id]
-        if runner_output.spec_token_ids:
-            self.scheduler.set_spec_token_ids(runner_output.spec_token_ids)
+        # The deltas advance each grammar over this step's tokens; drafts for the next step are
+        # checked against the state that follows them.
         deltas = [self._make_delta(result) for result in results]
+        spec_token_ids = runner_output.spec_token_ids
+        if spec_token_ids and self.structured_output.num_requests:
+            # A constrained request keeps the drafts its grammar accepts; verification masks
+            # each of their rows with the grammar's state at that position (bitmasks_for_step).
+            for request_id in [r for r in spec_token_ids if self.structured_output.has_request(r)]:
+                valid = self.structured_output.validate_drafts(request_id, spec_token_ids[request_id])
+                if valid:
+                    spec_token_ids[request_id] = valid
+                else:
+                    del spec_token_ids[request_id]
+        if spec_token_ids:
+            self.scheduler.set_spec_token_ids(spec_token_ids)
         elapsed = time.perf_counter() - started
         self._num_steps += 1
         self._step_seconds_total += elapsed

@@ -218,9 +218,8 @@ def render(results: BenchResults, docs_dir: Path) -> str:
         "between output frames (one frame can carry several tokens under speculation); TPOT is a request's "
         "(last frame - first frame) / (tokens - 1); the prefix hit rate is cached / prompt tokens from each "
         "response's usage; acceptance is accepted / drafted tokens from draftgate's /metrics. Agent turns force a "
-        "tool call (tool_choice required), which a grammar constrains, and constrained requests get no drafts yet: "
-        "there acceptance is '-' (nothing drafted) and the two draftgate systems run the same way, so their agent "
-        "rows differ only by the machine's run-to-run noise.", "",
+        "tool call (tool_choice required), which a grammar constrains; a constrained request's drafts are cut to "
+        "what its grammar accepts and verified under one grammar mask per position.", "",
         "### Agent sessions across concurrency", "", *sweep_table(results), "",
     ]
     lines += [f"![{title}](img/{name})" for name, title in images]

@@ -118,17 +118,64 @@ class StructuredOutputManager:
                 rows[request_id] = row
         return rows
 
-    def bitmasks_for_step(self, num_scheduled_tokens: Mapping[str, int],
-                          requests: Mapping[str, Request]) -> dict[str, np.ndarray]:
+    def bitmasks_for_step(self, num_scheduled_tokens: Mapping[str, int], requests: Mapping[str, Request],
+                          spec_tokens: Mapping[str, Sequence[int]] | None = None) -> dict[str, np.ndarray]:
         """Bitmask rows of the constrained requests that sample in this step: those whose
-        scheduled tokens complete their context (a prefill chunk that stops short samples nothing)."""
+        scheduled tokens complete their context (a prefill chunk that stops short samples nothing).
+        A request verifying drafts d_1..d_k this step (spec_tokens) gets [k + 1, words]: row j is
+        the grammar's mask after d_1..d_j, so each verification row is masked exactly as plain
+        decoding would mask that position; the others get one row [words]."""
         sampling: list[str] = []
+        rows: dict[str, np.ndarray] = {}
         for request_id, num_tokens in num_scheduled_tokens.items():
             if request_id in self._matchers:
                 request = requests.get(request_id)
-                if request is not None and request.num_computed_tokens + num_tokens >= request.num_tokens:
+                if request is None:
+                    continue
+                drafts = (spec_tokens or {}).get(request_id) or ()
+                if request.num_computed_tokens + num_tokens - len(drafts) < request.num_tokens:
+                    continue
+                if drafts:
+                    stacked = self._draft_bitmasks(request_id, drafts)
+                    if stacked is not None:
+                        rows[request_id] = stacked
+                else:
                     sampling.append(request_id)
-        return self.bitmasks_for(sampling) if sampling else {}
+        if sampling:
+            rows.update(self.bitmasks_for(sampling))
+        return rows
+
+    def _draft_bitmasks(self, request_id: str, drafts: Sequence[int]) -> np.ndarray | None:  # [k + 1, words]
+        matcher = self._matchers[request_id]
+        if matcher.is_error():
+            self._drop_failed(request_id, matcher)
+            return None
+        out = np.empty((len(drafts) + 1, bitmask_words(self.vocab_size)), dtype=np.int32)
+        consumed = 0
+        for j in range(len(drafts) + 1):
+            matcher.unsafe_compute_mask_ptr(out[j].ctypes.data, out[j].nbytes)
+            if j == len(drafts):
+                break
+            # Drafts were validated when proposed, against this very state; a draft the grammar
+            # refuses now would be a bug: mask its later rows as the refusing state's (its row
+            # rejects it, so nothing after it can be accepted).
+            if matcher.is_stopped() or not matcher.consume_token(drafts[j]):
+                out[j + 1:] = out[j]
+                break
+            consumed += 1
+        if consumed:
+            matcher.rollback(consumed)
+        return out
+
+    def validate_drafts(self, request_id: str, drafts: Sequence[int]) -> list[int]:
+        """The longest prefix of drafts the request's grammar accepts from its current state
+        (all of them for an unconstrained request)."""
+        matcher = self._matchers.get(request_id)
+        if matcher is None:
+            return list(drafts)
+        if matcher.is_error() or matcher.is_stopped():
+            return []
+        return list(drafts[: matcher.validate_tokens(list(drafts))])
 
     def accept_tokens(self, request_id: str, token_ids: Sequence[int]) -> bool:
         """Advances the request's grammar over its newly sampled tokens; False (and the

@@ -215,7 +215,8 @@ class ModelRunner:
     def execute_model(self, out: SchedulerOutput,
                       token_bitmasks: Mapping[str, np.ndarray] | None = None) -> ModelRunnerOutput:
         """token_bitmasks: constrained decoding, by request: the packed bitmask of the tokens its
-        grammar allows ([ceil(vocab_size / 32)] int32; engine/structured_output/matcher.py)."""
+        grammar allows ([ceil(vocab_size / 32)] int32; engine/structured_output/matcher.py), or
+        for a request verifying k drafts one row per position ([k + 1, words])."""
         started = time.perf_counter()
         self._update_states(out)
         req_ids = [r.req_id for r in out.scheduled_new_reqs] + [r.req_id for r in out.scheduled_cached_reqs]
@@ -273,8 +274,8 @@ class ModelRunner:
 
     def _observe_eagle(self, eagle: EagleProposer, hidden: torch.Tensor, step, req_ids: list[str],
                        sampled_token_ids: list[list[int]], num_step_drafts: list[int]) -> None:
-        """Runs the EAGLE head over the positions whose target states this step verified: every
-        scheduled position, less the drafts the target rejected."""
+        """Hands the EAGLE head the states of the positions this step verified: every scheduled
+        position, less the drafts the target rejected (it buffers them; engine/spec_decode/eagle.py)."""
         requests = []
         for row, req_id in enumerate(req_ids):
             state = self.requests[req_id]
@@ -325,10 +326,15 @@ class ModelRunner:
             for j in range(len(drafts) + 1):
                 row_states.append(state)
                 row_outputs.append(state.output_token_ids + drafts[:j] if j else state.output_token_ids)
-        # Constrained requests get no drafts (the engine core drops them), so their one row is
-        # masked as in _sample.
-        rows = ([token_bitmasks.get(s.req_id) if not s.spec_token_ids else None for s in row_states]
-                if token_bitmasks else None)
+        # Constrained requests: one mask row per verification row ([k + 1, words], row j the
+        # grammar's state after the first j drafts), or one row when they have no drafts.
+        rows = None
+        if token_bitmasks:
+            rows = []
+            for state in states:
+                mask = token_bitmasks.get(state.req_id)
+                for j in range(len(state.spec_token_ids) + 1):
+                    rows.append(None if mask is None else (mask[j] if mask.ndim == 2 else mask))
         meta = self._sampling_metadata(row_states, row_outputs, rows)
         return self.rejection_sampler(logits, meta, requests)
 

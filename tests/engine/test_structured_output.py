@@ -130,6 +130,35 @@ def test_the_bitmask_is_exactly_what_the_matcher_allows(manager, tokenizer) -> N
     manager.remove("r")
 
 
+def test_draft_masks_follow_the_grammar_and_leave_it_where_it_was(manager, tokenizer) -> None:
+    from engine.request import Request
+
+    grammar = json_schema_grammar({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+                                  strict=True)
+    manager.add_request("r", grammar)
+    good = tokenizer.encode('{"ok": true}', add_special_tokens=False)
+    bad = tokenizer.encode('{"no', add_special_tokens=False)
+    assert manager.validate_drafts("r", good) == good
+    kept = manager.validate_drafts("r", bad)
+    assert len(kept) < len(bad) and kept == bad[: len(kept)]  # cut at the first token the grammar refuses
+    assert manager.validate_drafts("unconstrained", bad) == bad
+    drafts = good[:3]
+    request = Request("r", [1, 2, 3], SamplingParams())
+    request.num_computed_tokens = 2  # the last prompt token and 3 drafts are scheduled
+    rows = manager.bitmasks_for_step({"r": 4}, {"r": request}, {"r": drafts})["r"]
+    assert rows.shape == (4, bitmask_words(tokenizer.vocab_size))
+    reference = llguidance.LLMatcher(manager.ll_tokenizer, grammar)
+    for j in range(4):
+        expected = np.empty(bitmask_words(tokenizer.vocab_size), dtype=np.int32)
+        reference.unsafe_compute_mask_ptr(expected.ctypes.data, expected.nbytes)
+        assert np.array_equal(rows[j], expected), j
+        if j < 3:
+            assert reference.consume_token(drafts[j])
+    # The grammar is back where it was: its mask is row 0's.
+    assert np.array_equal(manager.bitmasks_for(["r"])["r"], rows[0])
+    manager.remove("r")
+
+
 def test_the_sampler_never_picks_a_masked_token() -> None:
     vocab_size = 70
     generator = torch.Generator().manual_seed(0)
@@ -189,26 +218,36 @@ QUESTIONS = ["What's the weather like in Paris right now?", "Find recent news ab
              "Look up the population of Canada.", "hello"]
 
 
-def test_tool_choice_required_always_gives_a_schema_valid_call(core) -> None:
+def forced_call_requests(core, *, greedy_only: bool = False) -> tuple[dict[str, tuple[list[int], SamplingParams, str]], str]:
+    """A forced tool call (tool_choice required) per question, rendered as the gateway renders
+    it: (requests for run(), the prefill the model's text continues)."""
     from gateway.canonical.chat_request import forced_tool_call_spec
     from gateway.canonical.pipeline import canonicalize
     from gateway.canonical.policy import Policy
     from gateway.chat_prompt import render_chat_prompt
     from gateway.tool_prompt import ToolChoice
-    from gateway.tools import ToolCallParser
 
     tools = [{"type": "function", "function": {"name": name, "description": f"The {name} tool.", "parameters": schema}}
              for name, schema in TOOLS.items()]
     choice = ToolChoice("required")
     prompts = {}
+    prefill = ""
     for index, question in enumerate(QUESTIONS):
         canonical = canonicalize([{"role": "user", "content": question}], tools, Policy.SAFE)
         prompt = render_chat_prompt(core.tokenizer, canonical.messages, canonical.tools, choice)
         spec = forced_tool_call_spec(canonical.tools, choice)
-        params = SamplingParams(temperature=0.0 if index % 2 == 0 else 0.8, seed=index, max_tokens=120,
+        greedy = greedy_only or index % 2 == 0
+        params = SamplingParams(temperature=0.0 if greedy else 0.8, seed=index, max_tokens=120,
                                 stop=prompt.extra_stop)
         prompts[f"q{index}"] = (prompt.token_ids, params, spec.grammar)
         prefill = prompt.prefill
+    return prompts, prefill
+
+
+def test_tool_choice_required_always_gives_a_schema_valid_call(core) -> None:
+    from gateway.tools import ToolCallParser
+
+    prompts, prefill = forced_call_requests(core)
     results = run(core, prompts)
     assert len(results) == len(QUESTIONS)
     for request_id, (text, finish_reason) in results.items():
@@ -219,6 +258,23 @@ def test_tool_choice_required_always_gives_a_schema_valid_call(core) -> None:
         [call] = parser.tool_calls
         assert call.name in TOOLS, text
         jsonschema.validate(json.loads(call.arguments), close_objects(TOOLS[call.name]))
+
+
+def test_constrained_requests_speculate_with_grammar_checked_drafts(core) -> None:
+    # Drafts of a constrained request are cut to what its grammar accepts and verified under one
+    # mask per position: greedy outputs equal plain constrained decoding (float32), and the
+    # repetitive JSON of tool calls gets drafts accepted.
+    from engine.engine_core import EngineCore
+
+    spec_core = EngineCore(build_engine_config(None, kv_cache_memory="128MiB", dtype="float32", num_threads=1,
+                                               speculative="suffix", adaptive_speculation=False))
+    prompts, _ = forced_call_requests(core, greedy_only=True)
+    plain = run(core, prompts)
+    # Twice: the second time the suffix index holds the first run's calls.
+    for _ in range(2):
+        assert run(spec_core, prompts) == plain
+    stats = spec_core.stats()
+    assert stats.spec_num_draft_tokens > 0 and stats.spec_num_accepted_tokens > 0
 
 
 def test_json_schema_responses_always_validate(core) -> None:
