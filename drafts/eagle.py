@@ -36,7 +36,7 @@ from drafts.loss import topk_kl
 from drafts.model import TrainableLlama
 from drafts.target import Target, draft_arch
 from drafts.teacher import TeacherSource, autocast_context, pad_windows
-from drafts.train import Distiller, TrainConfig, lr_at
+from drafts.train import Distiller, TrainConfig
 
 REGRESSION_WEIGHT = 1.0
 CLASSIFICATION_WEIGHT = 1.0
@@ -118,11 +118,7 @@ class EagleDistiller(Distiller):
         next_ids, in_states = input_ids[:, 1:], states[:, :-1]
         out_states, out_ids, out_logprobs = states[:, 1:], teacher_ids[:, 1:], teacher_logprobs[:, 1:]
         mask = valid[:, 1:]  # [batch, seq - 1]
-        lr = lr_at(self.step, self.config)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.draft.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        lr = self._begin_step()
         with autocast_context(self.device, self.autocast_dtype):
             predicted = self.draft(next_ids, in_states)  # [batch, seq - 1, hidden]
         loss, top1, num_positions = self._pass_loss(predicted, out_states, out_ids, out_logprobs, mask)

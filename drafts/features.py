@@ -13,7 +13,6 @@ float16 rather than bfloat16: numpy has no bfloat16, and final-norm states are s
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -22,34 +21,17 @@ from tqdm import tqdm
 
 from drafts.data.corpus import Corpus
 from drafts.model import TrainableLlama
-from drafts.teacher import autocast_context, pad_windows
+from drafts.teacher import WindowProgress, autocast_context, pad_windows
 
 FLOAT16_MAX = 65504.0
 
 
-class FeatureCache:
+class FeatureCache(WindowProgress):
     def __init__(self, folder: str, corpus: Corpus, hidden_size: int, target_name: str) -> None:
-        self.folder = folder
-        self.corpus = corpus
+        super().__init__(folder, corpus, target_name, f"features_h{hidden_size}.json")
         self.hidden_size = hidden_size
-        self.target_name = target_name
         self._path = os.path.join(folder, f"features_h{hidden_size}.npy")
-        self._progress_path = os.path.join(folder, f"features_h{hidden_size}.json")
         self._features: np.ndarray | None = None  # [num_tokens, hidden] float16
-
-    @property
-    def windows_done(self) -> int:
-        if not os.path.isfile(self._progress_path):
-            return 0
-        with open(self._progress_path, encoding="utf-8") as f:
-            progress = json.load(f)
-        if progress.get("target") != self.target_name or progress.get("num_tokens") != self.corpus.num_tokens:
-            return 0  # another target or another corpus: start over
-        return int(progress["windows_done"])
-
-    @property
-    def complete(self) -> bool:
-        return self.windows_done >= self.corpus.num_windows
 
     def _open(self, mode: str) -> np.ndarray:
         if mode == "w+":
@@ -87,13 +69,6 @@ class FeatureCache:
                 self._write_progress(indices[-1] + 1)
                 bar.update(len(indices))
         self._open("r")
-
-    def _write_progress(self, windows_done: int) -> None:
-        tmp = self._progress_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"target": self.target_name, "num_tokens": self.corpus.num_tokens,
-                       "windows_done": windows_done}, f)
-        os.replace(tmp, self._progress_path)
 
     def windows(self, window_indices: list[int], seq: int) -> torch.Tensor:
         """[batch, seq, hidden] float32 features of the windows, zero-padded on the right."""

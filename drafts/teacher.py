@@ -68,20 +68,15 @@ class OnTheFlyTeacher:
         return torch.cat(ids).view(shape), torch.cat(logprobs).view(shape)
 
 
-class TeacherCache:
-    """Precomputed top-k over a corpus, in `folder`: teacher_k{k}_ids.npy [num_tokens, k] int32,
-    teacher_k{k}_logprobs.npy [num_tokens, k] float16, teacher_k{k}.json progress."""
+class WindowProgress:
+    """The progress file of a per-window precompute over a corpus: how many windows (in corpus
+    order) are written, for which target and corpus. Written only after the rows are flushed."""
 
-    def __init__(self, folder: str, corpus: Corpus, top_k: int, target_name: str) -> None:
+    def __init__(self, folder: str, corpus: Corpus, target_name: str, progress_file: str) -> None:
         self.folder = folder
         self.corpus = corpus
-        self.top_k = top_k
         self.target_name = target_name
-        self._ids_path = os.path.join(folder, f"teacher_k{top_k}_ids.npy")
-        self._lp_path = os.path.join(folder, f"teacher_k{top_k}_logprobs.npy")
-        self._progress_path = os.path.join(folder, f"teacher_k{top_k}.json")
-        self._ids: np.ndarray | None = None
-        self._logprobs: np.ndarray | None = None
+        self._progress_path = os.path.join(folder, progress_file)
 
     @property
     def windows_done(self) -> int:
@@ -96,6 +91,26 @@ class TeacherCache:
     @property
     def complete(self) -> bool:
         return self.windows_done >= self.corpus.num_windows
+
+    def _write_progress(self, windows_done: int) -> None:
+        tmp = self._progress_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"target": self.target_name, "num_tokens": self.corpus.num_tokens,
+                       "windows_done": windows_done}, f)
+        os.replace(tmp, self._progress_path)
+
+
+class TeacherCache(WindowProgress):
+    """Precomputed top-k over a corpus, in `folder`: teacher_k{k}_ids.npy [num_tokens, k] int32,
+    teacher_k{k}_logprobs.npy [num_tokens, k] float16, teacher_k{k}.json progress."""
+
+    def __init__(self, folder: str, corpus: Corpus, top_k: int, target_name: str) -> None:
+        super().__init__(folder, corpus, target_name, f"teacher_k{top_k}.json")
+        self.top_k = top_k
+        self._ids_path = os.path.join(folder, f"teacher_k{top_k}_ids.npy")
+        self._lp_path = os.path.join(folder, f"teacher_k{top_k}_logprobs.npy")
+        self._ids: np.ndarray | None = None
+        self._logprobs: np.ndarray | None = None
 
     def _open(self, mode: str) -> None:
         shape = (self.corpus.num_tokens, self.top_k)
@@ -130,13 +145,6 @@ class TeacherCache:
                 self._write_progress(indices[-1] + 1)
                 bar.update(len(indices))
         self._open("r")
-
-    def _write_progress(self, windows_done: int) -> None:
-        tmp = self._progress_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"target": self.target_name, "num_tokens": self.corpus.num_tokens,
-                       "windows_done": windows_done}, f)
-        os.replace(tmp, self._progress_path)
 
     def targets(self, window_indices: list[int], input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.complete:

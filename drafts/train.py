@@ -160,16 +160,21 @@ class Distiller:
         })
 
     # ---- the loop -------------------------------------------------------------------------------
-    def train_step(self) -> dict[str, float]:
-        indices = self.batch_indices(self.step)
-        input_ids, lengths = pad_windows(self.corpus, indices, self.device)
-        teacher_ids, teacher_logprobs = self.teacher.targets(indices, input_ids)
-        mask = torch.arange(input_ids.shape[1], device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
+    def _begin_step(self) -> float:
+        """Sets this step's learning rate (returned) and clears the gradients."""
         lr = lr_at(self.step, self.config)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.draft.train()
         self.optimizer.zero_grad(set_to_none=True)
+        return lr
+
+    def train_step(self) -> dict[str, float]:
+        indices = self.batch_indices(self.step)
+        input_ids, lengths = pad_windows(self.corpus, indices, self.device)
+        teacher_ids, teacher_logprobs = self.teacher.targets(indices, input_ids)
+        mask = torch.arange(input_ids.shape[1], device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
+        lr = self._begin_step()
         with autocast_context(self.device, self.autocast_dtype):
             hidden = self.draft(input_ids)[mask]  # [num_positions, hidden]: padding dropped
         teacher_ids, teacher_logprobs = teacher_ids[mask], teacher_logprobs[mask]  # [num_positions, k]

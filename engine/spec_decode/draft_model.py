@@ -253,11 +253,8 @@ class DraftModelProposer:
             end = len(r.block_ids) * self.block_size
             if written + 1 < end:
                 self._kv_tokens[self._slots(r.block_ids, written + 1, end)] = -1
-        num_drafted = sum(len(t) for t in drafts.values())
-        if num_drafted:
-            seconds = (time.perf_counter() - started) / num_drafted
-            self.seconds_per_token = (seconds if self.seconds_per_token == 0.0 else
-                                      (1 - SECONDS_EMA) * self.seconds_per_token + SECONDS_EMA * seconds)
+        self.seconds_per_token = updated_seconds_per_token(self.seconds_per_token, time.perf_counter() - started,
+                                                           sum(len(t) for t in drafts.values()))
         return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, requests: list[ProposalRequest],
@@ -285,3 +282,12 @@ def greedy_draft_tokens(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor
         rows = torch.nn.functional.linear(hidden, draft.head_weight).argmax(dim=-1)
     assert draft.vocab_ids is not None
     return draft.vocab_ids.index_select(0, rows)
+
+
+def updated_seconds_per_token(current: float, seconds: float, num_drafted: int) -> float:
+    """The measured price of a drafted token: an exponential average of each propose call's
+    seconds per drafted token (unchanged by a call that drafted nothing)."""
+    if num_drafted == 0:
+        return current
+    latest = seconds / num_drafted
+    return latest if current == 0.0 else (1 - SECONDS_EMA) * current + SECONDS_EMA * latest

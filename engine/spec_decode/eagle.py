@@ -36,12 +36,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.attention_metadata import AttentionMetadata
-from engine.spec_decode.draft_model import DraftModel, greedy_draft_tokens
+from engine.spec_decode.draft_model import DraftModel, greedy_draft_tokens, updated_seconds_per_token
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels.onednn_linear import onednn_linear
-
-SECONDS_EMA = 0.2  # weight of the newest step in the measured seconds per drafted token
 
 
 FLUSH_TOKENS = 32  # buffered positions that make a request's head pass run without a draft
@@ -196,11 +194,8 @@ class EagleProposer:
             states = self._forward(inputs, states, torch.tensor(at, dtype=torch.int64, device=self.device), meta)
             tokens = greedy_draft_tokens(self.draft, states).tolist()
             step += 1
-        num_drafted = sum(len(t) for t in drafts.values())
-        if num_drafted:
-            seconds = (time.perf_counter() - started) / num_drafted
-            self.seconds_per_token = (seconds if self.seconds_per_token == 0.0 else
-                                      (1 - SECONDS_EMA) * self.seconds_per_token + SECONDS_EMA * seconds)
+        self.seconds_per_token = updated_seconds_per_token(self.seconds_per_token, time.perf_counter() - started,
+                                                           sum(len(t) for t in drafts.values()))
         return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
