@@ -31,10 +31,10 @@ from engine.model.arch_config import ArchConfig
 from drafts.checkpoint import DraftMeta
 from drafts.data.corpus import Corpus
 from drafts.features import FeatureCache
-from drafts.init_draft import DraftInit, init_embedding_and_head
+from drafts.init_draft import DraftInit, init_from_target
 from drafts.loss import topk_kl
 from drafts.model import TrainableLlama
-from drafts.target import Target, draft_arch
+from drafts.target import Target
 from drafts.teacher import TeacherSource, autocast_context, pad_windows
 from drafts.train import Distiller, TrainConfig
 
@@ -135,12 +135,8 @@ class EagleDistiller(Distiller):
             loss = loss + loss2
             metrics["top1_second"] = top1_second
         loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.config.grad_clip)) \
-            if self.config.grad_clip > 0 else 0.0
-        self.optimizer.step()
         loss_value = float(loss.detach())
-        self.losses.append(loss_value)
-        self.step += 1
+        grad_norm = self._finish_step(loss_value)
         return {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
                 "tokens": num_positions, **metrics}
 
@@ -149,16 +145,6 @@ def init_eagle(target: Target, layer_id: int, vocab_ids: torch.Tensor | None) ->
     """A trainable head on the target's device, float32 master weights: its layer a copy of the
     target's layer `layer_id`, its norm the target's final norm, the target's embedding and
     head rows shared and frozen, fc = [I I]."""
-    source = target.engine_model
-    if not 0 <= layer_id < source.arch.num_hidden_layers:
-        raise ValueError(f"layers: {layer_id} is not a layer of the target (0..{source.arch.num_hidden_layers - 1})")
-    arch = draft_arch(source.arch, 1, [layer_id])
-    head = TrainableEagle(arch, vocab_ids=vocab_ids, dtype=torch.float32, device=target.device)
-    params = dict(source.named_parameters(remove_duplicate=False))
-    with torch.no_grad():
-        for name, param in head.layers[0].named_parameters():
-            param.copy_(params[f"layers.{layer_id}.{name}"])
-        head.norm.weight.copy_(source.norm.weight)
-        head.init_fc()
-        init_embedding_and_head(head, source, target, DraftInit((layer_id,), True, vocab_ids))
+    head = init_from_target(target, DraftInit((layer_id,), True, vocab_ids), model_class=TrainableEagle)
+    head.init_fc()
     return head

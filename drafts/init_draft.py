@@ -63,10 +63,12 @@ def parse_layer_ids(text: str, num_target_layers: int) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def init_from_target(target: Target, init: DraftInit) -> TrainableLlama:
-    """A trainable draft on the target's device, float32 master weights, layers copied."""
+def init_from_target(target: Target, init: DraftInit,
+                     model_class: type[TrainableLlama] = TrainableLlama) -> TrainableLlama:
+    """A trainable draft on the target's device, float32 master weights, layers copied
+    (model_class: TrainableLlama, or a subclass such as drafts.eagle.TrainableEagle)."""
     assert init.layer_ids is not None
-    return _init_from_model(target.engine_model, target, init, list(init.layer_ids))
+    return _init_from_model(target.engine_model, target, init, list(init.layer_ids), model_class)
 
 
 def init_from_checkpoint(source: LlamaForCausalLM, target: Target, init: DraftInit) -> TrainableLlama:
@@ -78,8 +80,8 @@ def init_from_checkpoint(source: LlamaForCausalLM, target: Target, init: DraftIn
     return _init_from_model(source, target, init, layer_ids)
 
 
-def _init_from_model(source: LlamaForCausalLM, target: Target, init: DraftInit,
-                     layer_ids: list[int]) -> TrainableLlama:
+def _init_from_model(source: LlamaForCausalLM, target: Target, init: DraftInit, layer_ids: list[int],
+                     model_class: type[TrainableLlama] = TrainableLlama) -> TrainableLlama:
     if init.shared_embedding and source.arch.hidden_size != target.arch.hidden_size:
         raise ValueError(f"shared_embedding needs the draft's hidden_size ({source.arch.hidden_size}) to equal "
                          f"the target's ({target.arch.hidden_size})")
@@ -88,18 +90,18 @@ def _init_from_model(source: LlamaForCausalLM, target: Target, init: DraftInit,
             raise ValueError(f"layers: {index} is not a layer of the source model")
     device = target.device
     arch = draft_arch(source.arch, len(layer_ids), layer_ids)
-    draft = TrainableLlama(arch, vocab_ids=init.vocab_ids, dtype=torch.float32, device=device)
+    draft = model_class(arch, vocab_ids=init.vocab_ids, dtype=torch.float32, device=device)
     source_params = dict(source.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for new_index, old_index in enumerate(layer_ids):
             for name, param in draft.layers[new_index].named_parameters():
                 param.copy_(source_params[f"layers.{old_index}.{name}"])
         draft.norm.weight.copy_(source.norm.weight)
-        init_embedding_and_head(draft, source, target, init)
+        _init_embedding_and_head(draft, source, target, init)
     return draft
 
 
-def init_embedding_and_head(draft: TrainableLlama, source: LlamaForCausalLM, target: Target,
+def _init_embedding_and_head(draft: TrainableLlama, source: LlamaForCausalLM, target: Target,
                              init: DraftInit) -> None:
     vocab_ids = init.vocab_ids
     if init.shared_embedding:

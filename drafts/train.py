@@ -169,6 +169,15 @@ class Distiller:
         self.optimizer.zero_grad(set_to_none=True)
         return lr
 
+    def _finish_step(self, loss_value: float) -> float:
+        """Clips the gradients, steps the optimizer, records the loss; returns the gradient norm."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.config.grad_clip)) \
+            if self.config.grad_clip > 0 else 0.0
+        self.optimizer.step()
+        self.losses.append(loss_value)
+        self.step += 1
+        return grad_norm
+
     def train_step(self) -> dict[str, float]:
         indices = self.batch_indices(self.step)
         input_ids, lengths = pad_windows(self.corpus, indices, self.device)
@@ -194,11 +203,7 @@ class Distiller:
             loss_value += float(out.loss.detach()) * share
             agreeing += out.top1_agreement * out.num_positions
         hidden.backward(hidden_leaf.grad)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.config.grad_clip)) \
-            if self.config.grad_clip > 0 else 0.0
-        self.optimizer.step()
-        self.losses.append(loss_value)
-        self.step += 1
+        grad_norm = self._finish_step(loss_value)
         return {"step": self.step, "loss": loss_value, "top1": agreeing / max(num_positions, 1), "lr": lr,
                 "grad_norm": grad_norm, "tokens": num_positions}
 

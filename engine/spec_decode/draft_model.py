@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from engine.model.arch_config import ArchConfig
@@ -130,7 +131,9 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
             raise ValueError(f"draft {path!r}: an EAGLE head shares its target's embedding and head")
         if arch.num_hidden_layers != 1 or arch.hidden_size != target_arch.hidden_size:
             raise ValueError(f"draft {path!r}: an EAGLE head has one layer of the target's hidden size")
-        fc_weight = load_file(os.path.join(resolved.path, "model.safetensors"))["fc.weight"].to(device=device, dtype=dtype)
+        # (load_hf_model skipped fc.weight, which a llama model has no place for: read it alone.)
+        with safe_open(os.path.join(resolved.path, "model.safetensors"), framework="pt") as f:
+            fc_weight = f.get_tensor("fc.weight").to(device=device, dtype=dtype)
         if tuple(fc_weight.shape) != (arch.hidden_size, 2 * arch.hidden_size):
             raise ValueError(f"draft {path!r}: fc.weight is {tuple(fc_weight.shape)}, expected "
                              f"({arch.hidden_size}, {2 * arch.hidden_size})")
@@ -170,7 +173,8 @@ class DraftModelProposer:
         self.num_catch_up_tokens = 0  # context tokens run to catch up (tests and diagnostics)
 
     @staticmethod
-    def kv_bytes_per_block(arch: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
+    def kv_bytes_per_block(draft: DraftModel, block_size: int, dtype: torch.dtype) -> int:
+        arch = draft.arch
         return KVCacheSpec(arch.num_hidden_layers, arch.num_key_value_heads, arch.head_dim, block_size,
                            dtype).bytes_per_block
 

@@ -114,12 +114,10 @@ class ModelRunner:
             if draft_path is None:
                 raise ValueError(f"speculative {self.speculative_config.method!r} needs a draft model")
             self.draft = load_draft_model(draft_path, self.model, self.arch, self.dtype, self.device)
-            if self.draft.fc_weight is not None:
-                self._draft_kv_bytes_per_block = EagleProposer.kv_bytes_per_block(self.draft, self.block_size,
-                                                                                  self.dtype)
-            else:
-                self._draft_kv_bytes_per_block = DraftModelProposer.kv_bytes_per_block(
-                    self.draft.arch, self.block_size, self.dtype)
+            # An EAGLE head (it has fc) drafts from the target's states; any other draft is a model.
+            self._draft_proposer_class = EagleProposer if self.draft.fc_weight is not None else DraftModelProposer
+            self._draft_kv_bytes_per_block = self._draft_proposer_class.kv_bytes_per_block(
+                self.draft, self.block_size, self.dtype)
         self.spec: SpeculationController | None = None  # built with the KV cache
         self.step_seconds = 0.0
         # Unseeded requests sample from torch's default generator; seeding it from the engine
@@ -168,9 +166,9 @@ class ModelRunner:
         if config.enabled:
             draft_proposer = None
             if self.draft is not None:
-                kind = EagleProposer if self.draft.fc_weight is not None else DraftModelProposer
-                draft_proposer = kind(self.draft, num_blocks=num_blocks, block_size=self.block_size,
-                                      device=self.device, dtype=self.dtype)
+                draft_proposer = self._draft_proposer_class(self.draft, num_blocks=num_blocks,
+                                                            block_size=self.block_size, device=self.device,
+                                                            dtype=self.dtype)
             suffix = SuffixProposer() if config.method in ("suffix", "hybrid") else None
             self.spec = SpeculationController(config, suffix=suffix, draft=draft_proposer)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
