@@ -234,3 +234,14 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
+
+    def reset_speculation(self) -> None:
+        """Speculation forgets earlier requests (engine/spec_decode/controller.py: reset)."""
+        if self.scheduler.has_unfinished_requests():
+            raise RuntimeError("reset_speculation needs an idle engine: requests are running")
+        if self.runner.spec is None:
+            return
+        # Finished requests reach the runner with the next step: hand them over now (an empty
+        # step), or their outputs would join the suffix index after it was cleared.
+        self.runner.execute_model(self.scheduler.schedule())
+        self.runner.spec.reset()

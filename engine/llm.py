@@ -160,6 +160,11 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
 
+    def reset_speculation(self) -> None:
+        """Speculation forgets what earlier requests taught it (the suffix index of their outputs,
+        pooled acceptance, measured costs), as in a fresh engine: for side-by-side benchmarks."""
+        self.engine.reset_speculation()
+
     # ---- internals ---------------------------------------------------------------------------
     def _tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

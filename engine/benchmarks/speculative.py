@@ -8,10 +8,13 @@ every method must produce the very same tokens, which the script checks; in bf16
 - chat: short open questions;
 - agent: tool-loop turns: a system prompt with tools, earlier tool calls and their JSON results,
   and the model's next tool call or answer.
-Single-stream: one request at a time; 8 streams: 8 requests submitted together. Every
-measurement gets a fresh engine (no prefix cache or suffix index from another measurement). Wall-clock
-output tokens/s, speedup over "none", acceptance rate (accepted / drafted) and mean accepted
-length per verification, and the share of runner time spent proposing.
+Single-stream: one request at a time; 8 streams: 8 requests submitted together. One engine per
+method, loaded once; the methods take turns group by group, so this machine's drift (tens of
+percent over minutes) hits every method alike, and each round starts every engine afresh (empty
+prefix cache, speculation reset: no suffix index of another round's answers). Wall-clock output
+tokens/s, speedup over "none" (median over rounds, and the range of the per-round ratios),
+acceptance rate (accepted / drafted) and mean accepted length per verification, and the share of
+runner time spent proposing.
 """
 
 from __future__ import annotations
@@ -105,40 +108,54 @@ def workloads(llm: LLM) -> dict[str, list[list[int]]]:
     }
 
 
-def run(llm: LLM, prompts: list[list[int]], streams: int, params: SamplingParams) -> tuple[float, list[list[int]]]:
-    """(seconds, outputs): prompts in groups of `streams` submitted together."""
-    outputs: list[list[int]] = []
-    started = time.perf_counter()
-    for first in range(0, len(prompts), streams):
-        outputs += [o.token_ids for o in llm.generate(prompts[first : first + streams], params, use_tqdm=False)]
-    return time.perf_counter() - started, outputs
+def _groups(prompts: list[list[int]], streams: int) -> list[list[list[int]]]:
+    return [prompts[first : first + streams] for first in range(0, len(prompts), streams)]
 
 
-def _measure(method: str, name: str, streams: int, params: SamplingParams,
-             args: argparse.Namespace) -> tuple[dict, list[list[int]], str]:
-    """One timed run on a fresh engine: the suffix proposer indexes earlier outputs, and must not
-    find this workload's answers from another measurement."""
+def _load(method: str, args: argparse.Namespace) -> LLM:
     options = {"speculative": method, "num_speculative_tokens": args.num_speculative_tokens}
     if method in ("draft", "hybrid") and args.draft:
         options["draft"] = args.draft
-    llm = LLM(dtype=args.dtype, **options)
-    prompts = workloads(llm)[name][: args.num_prompts]
-    llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-    llm.reset_prefix_cache()
-    before = llm.stats()
-    seconds, outputs = run(llm, prompts, streams, params)
-    after = llm.stats()
-    sample = {
-        "tokens": sum(len(o) for o in outputs), "seconds": seconds,
-        "drafted": after.spec_num_draft_tokens - before.spec_num_draft_tokens,
-        "accepted": after.spec_num_accepted_tokens - before.spec_num_accepted_tokens,
-        "verifications": after.spec_num_drafts - before.spec_num_drafts,
-        "proposer_seconds": after.spec_proposer_seconds - before.spec_proposer_seconds,
-        "runner_seconds": after.runner_seconds - before.runner_seconds,
-    }
-    dtype = str(llm.engine.runner.dtype).removeprefix("torch.")
-    del llm
-    return sample, outputs, dtype
+    llm = LLM(dtype=args.dtype, kv_cache_memory=args.kv_cache_memory, **options)
+    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    return llm
+
+
+def _measure_round(engines: dict[str, LLM], prompts: list[list[int]], streams: int, params: SamplingParams,
+                   rotation: int) -> dict[str, tuple[dict, list[list[int]]]]:
+    """One round of one workload at one stream count, every method on every group of `streams`
+    prompts, group by group: the methods take turns within seconds of each other, so the machine's
+    drift (tens of percent over minutes here) hits them alike. Each method starts the round as a
+    fresh engine would (empty prefix cache, speculation forgetting earlier rounds) and keeps, like
+    a server, what this round's earlier groups taught it."""
+    methods = list(engines)
+    samples = {m: {"tokens": 0, "seconds": 0.0} for m in methods}
+    outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
+    before = {}
+    for method, llm in engines.items():
+        llm.reset_prefix_cache()
+        llm.reset_speculation()
+        before[method] = llm.stats()
+    for g, group in enumerate(_groups(prompts, streams)):
+        shift = (rotation + g) % len(methods)  # nobody always goes first
+        for method in methods[shift:] + methods[:shift]:
+            started = time.perf_counter()
+            result = engines[method].generate(group, params, use_tqdm=False)
+            samples[method]["seconds"] += time.perf_counter() - started
+            samples[method]["tokens"] += sum(len(o.token_ids) for o in result)
+            outputs[method] += [o.token_ids for o in result]
+    measured = {}
+    for method, llm in engines.items():
+        after, first = llm.stats(), before[method]
+        samples[method].update(
+            drafted=after.spec_num_draft_tokens - first.spec_num_draft_tokens,
+            accepted=after.spec_num_accepted_tokens - first.spec_num_accepted_tokens,
+            verifications=after.spec_num_drafts - first.spec_num_drafts,
+            proposer_seconds=after.spec_proposer_seconds - first.spec_proposer_seconds,
+            runner_seconds=after.runner_seconds - first.runner_seconds,
+        )
+        measured[method] = (samples[method], outputs[method])
+    return measured
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -148,49 +165,66 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--streams", default="1,8")
+    parser.add_argument("--workloads", default="code,chat,agent")
     parser.add_argument("--num-prompts", type=int, default=8, help="prompts per workload")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--rounds", type=int, default=3, help="medians over this many interleaved rounds")
+    parser.add_argument("--kv-cache-memory", default="1GiB", help="KV budget of each method's engine")
+    parser.add_argument("--rounds", type=int, default=3, help="single-stream rounds (medians over them)")
+    parser.add_argument("--batched-rounds", type=int, default=9,
+                        help="rounds at more than one stream: a round is one short group there, and a "
+                             "hiccup of this shared machine moves it by tens of percent")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     methods = args.methods.split(",")
+    if "none" not in methods:
+        methods.insert(0, "none")  # the reference of every speedup and output comparison
     stream_counts = [int(s) for s in args.streams.split(",")]
+    names = args.workloads.split(",")
+    if unknown := set(names) - {"code", "chat", "agent"}:
+        parser.error(f"unknown workloads: {', '.join(sorted(unknown))} (code, chat, agent)")
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
 
-    # Every measurement once per round, methods interleaved within a round (the machine is
-    # shared and drifts); tokens/s is the median over rounds, acceptance pools all rounds.
+    # One engine per method, all loaded at once (the model is small), so that methods can take
+    # turns group by group; tokens/s is the median over rounds, acceptance pools all rounds.
+    engines = {method: _load(method, args) for method in methods}
+    reference_llm = engines["none"]
+    dtype = str(reference_llm.engine.runner.dtype).removeprefix("torch.")
+    prompts_by_workload = workloads(reference_llm)
     samples: dict[tuple[str, str, int], list[dict]] = {}
-    reference: dict[tuple[str, int], list[list[int]]] = {}
-    dtype = args.dtype
-    for _ in range(args.rounds):
-        for name in ("code", "chat", "agent"):
+    rotation = 0
+    for round_index in range(max(args.rounds, args.batched_rounds)):
+        for name in names:
+            prompts = prompts_by_workload[name][: args.num_prompts]
             for streams in stream_counts:
-                for method in methods:
-                    sample, outputs, dtype = _measure(method, name, streams, params, args)
-                    key = (name, streams)
-                    reference.setdefault(key, outputs)
-                    if outputs != reference[key] and dtype == "float32":
+                if round_index >= (args.rounds if streams == 1 else args.batched_rounds):
+                    continue
+                measured = _measure_round(engines, prompts, streams, params, rotation)
+                rotation += 1
+                reference = measured["none"][1]
+                for method, (sample, outputs) in measured.items():
+                    if outputs != reference and dtype == "float32":
                         raise RuntimeError(f"{method} changed the greedy output of {name} at {streams} streams")
                     # In bf16 a verification forward over k + 1 tokens rounds differently from k + 1
                     # one-token forwards, so a near-tie may flip the argmax: counted, not an error.
-                    sample["identical"] = sum(a == b for a, b in zip(outputs, reference[key]))
+                    sample["identical"] = sum(a == b for a, b in zip(outputs, reference))
                     sample["num_outputs"] = len(outputs)
                     samples.setdefault((method, name, streams), []).append(sample)
 
     lines = [
-        "| workload | streams | method | output tokens/s | speedup | acceptance | mean accepted length | proposer share "
-        "| outputs identical to none |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| workload | streams | method | output tokens/s | speedup | speedup range | acceptance "
+        "| mean accepted length | proposer share | outputs identical to none |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in ("code", "chat", "agent"):
+    for name in names:
         for streams in stream_counts:
-            base = samples.get(("none", name, streams))
-            base_tps = statistics.median(s["tokens"] / s["seconds"] for s in base) if base else None
+            base = samples[("none", name, streams)]
+            base_tps = statistics.median(s["tokens"] / s["seconds"] for s in base)
             for method in methods:
                 runs = samples[(method, name, streams)]
                 tps = statistics.median(s["tokens"] / s["seconds"] for s in runs)
                 # Tokens/s ratio: in bf16 the outputs (and so their lengths) may differ from none's.
-                speedup = f"{tps / base_tps:.2f}x" if base_tps else "-"
+                # The range: the same ratio round by round (each round's methods ran side by side).
+                ratios = [(r["tokens"] / r["seconds"]) / (b["tokens"] / b["seconds"]) for r, b in zip(runs, base)]
                 drafted = sum(s["drafted"] for s in runs)
                 accepted = sum(s["accepted"] for s in runs)
                 verifications = sum(s["verifications"] for s in runs)
@@ -199,14 +233,18 @@ def main(argv: list[str] | None = None) -> None:
                 share = sum(s["proposer_seconds"] for s in runs) / max(sum(s["runner_seconds"] for s in runs), 1e-9)
                 identical = sum(s["identical"] for s in runs)
                 total = sum(s["num_outputs"] for s in runs)
-                lines.append(f"| {name} | {streams} | {method} | {tps:.1f} | {speedup} | {acc} | {mal} | "
-                             f"{share:.0%} | {identical}/{total} |")
+                lines.append(f"| {name} | {streams} | {method} | {tps:.1f} | {tps / base_tps:.2f}x | "
+                             f"{min(ratios):.2f}-{max(ratios):.2f}x | {acc} | {mal} | {share:.0%} | "
+                             f"{identical}/{total} |")
     table = "\n".join(lines)
     header = (f"Greedy, max_tokens={args.max_tokens}, num_speculative_tokens={args.num_speculative_tokens} "
-              f"(adaptive), {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; medians of "
-              f"{args.rounds} interleaved rounds (acceptance over all rounds); draft: "
-              f"{args.draft or 'the shipped draft'}. In float32 every method's outputs must equal 'none' (the run "
-              f"stops otherwise); in bf16 the last column counts them (see the note below the table).")
+              f"(adaptive), {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; one engine "
+              f"per method, the methods taking turns group by group (a group: one prompt at 1 stream, all the "
+              f"streams' prompts submitted together otherwise); medians of {args.rounds} rounds at 1 stream and "
+              f"of {args.batched_rounds} at more, with the range of the per-round speedups (acceptance over all "
+              f"rounds); draft: {args.draft or 'the shipped draft'}. In float32 every method's outputs must equal "
+              f"'none' (the run stops otherwise); in bf16 the last column counts them (see the note below the "
+              f"table).")
     print(header + "\n\n" + table)
     if args.write_docs:
         _write_docs(header, table, argv)

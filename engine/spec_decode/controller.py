@@ -66,7 +66,7 @@ class SpeculationController:
         self.suffix = suffix
         self.draft = draft  # DraftModelProposer or None
         self.cost = StepCostModel()
-        self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}
+        self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}  # (a prior of p = 0.5)
         self._acceptance: dict[tuple[str, str], Acceptance] = {}  # (req_id, method) -> estimate
         self._method: dict[str, str] = {}  # req_id -> which proposer drafted its pending tokens
         self._idle_steps: dict[str, int] = {}  # req_id -> steps since it last got drafts
@@ -164,6 +164,19 @@ class SpeculationController:
                 count = 1 if idle % PROBE_EVERY == 0 else 0
             chosen[req_id] = (which, count)
         return chosen
+
+    def reset(self) -> None:
+        """Forgets what earlier requests taught: pooled acceptance, measured step and draft costs,
+        the suffix index of their outputs. A fresh engine's state, so a benchmark can compare methods
+        on the same prompts without building engines again. Only between requests."""
+        if self._method or self._acceptance:
+            raise RuntimeError("reset_speculation needs an idle engine: requests are running")
+        self.cost = StepCostModel()
+        self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}
+        if self.suffix is not None:
+            self.suffix.forget_outputs()
+        if self.draft is not None:
+            self.draft.seconds_per_token = 0.0
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
         for method in ("suffix", "draft"):

@@ -47,6 +47,11 @@ class NgramIndex:
         positions = self.ends.get(key, ())
         return [p for p in reversed(positions) if p < before - 1]
 
+    def occurs(self, key: tuple[int, ...], before: int) -> bool:
+        """Whether occurrences(key, before) is not empty (positions are kept in increasing order)."""
+        positions = self.ends.get(key)
+        return bool(positions) and positions[0] < before - 1
+
 
 class SuffixProposer:
     def __init__(self, *, max_ngram: int = 8, min_ngram: int = 2, max_occurrences: int = 32,
@@ -88,6 +93,11 @@ class SuffixProposer:
             _, evicted = self._global.popitem(last=False)
             self._global_tokens -= len(evicted.tokens)
 
+    def forget_outputs(self) -> None:
+        """Drops the global index of finished requests' outputs (running requests keep theirs)."""
+        self._global.clear()
+        self._global_tokens = 0
+
     # ---- proposing ---------------------------------------------------------------------------
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
         proposals: dict[str, Proposal] = {}
@@ -98,19 +108,26 @@ class SuffixProposer:
 
     def _propose_one(self, index: NgramIndex, num_drafts: int) -> Proposal:
         tokens = index.tokens
-        best = Proposal([])
-        for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
+        # The longest suffix that occurred before. Searched from the shortest up: wherever an
+        # n-gram occurs its last n - 1 tokens occur too, so the first miss ends the search, and
+        # the common case (no repeat at all) costs one lookup per index instead of one per length.
+        longest = 0
+        for n in range(self.min_ngram, min(self.max_ngram, len(tokens)) + 1):
             key = tuple(tokens[-n:])
-            sources = [(index.tokens, p) for p in index.occurrences(key, len(tokens))]
-            if len(sources) < self.max_occurrences:
-                for entry in reversed(self._global.values()):
-                    sources += [(entry.tokens, p) for p in entry.occurrences(key, len(entry.tokens))]
-                    if len(sources) >= self.max_occurrences:
-                        break
-            if sources:
-                best = self._follow(sources[: self.max_occurrences], num_drafts)
-                break  # the longest matching suffix wins
-        return best
+            if not (index.occurs(key, len(tokens))
+                    or any(entry.occurs(key, len(entry.tokens)) for entry in self._global.values())):
+                break
+            longest = n
+        if not longest:
+            return Proposal([])
+        key = tuple(tokens[-longest:])
+        sources = [(index.tokens, p) for p in index.occurrences(key, len(tokens))]
+        if len(sources) < self.max_occurrences:
+            for entry in reversed(self._global.values()):
+                sources += [(entry.tokens, p) for p in entry.occurrences(key, len(entry.tokens))]
+                if len(sources) >= self.max_occurrences:
+                    break
+        return self._follow(sources[: self.max_occurrences], num_drafts)
 
     def _follow(self, sources: list[tuple[list[int], int]], num_drafts: int) -> Proposal:
         """Majority vote, position by position, over what followed each occurrence."""

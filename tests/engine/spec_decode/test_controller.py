@@ -132,3 +132,22 @@ def test_num_drafts_is_what_was_drafted(method: str) -> None:
     proposals = spec.propose(requests, batch_size=1)
     for r in requests:
         assert len(proposals.get(r.req_id, Proposal([])).token_ids) <= r.num_drafts
+
+
+def test_reset_forgets_what_earlier_requests_taught() -> None:
+    spec, draft = controller("hybrid", draft_seconds=0.002)
+    for _ in range(20):  # a poor draft: its pooled estimate falls
+        spec.propose([request("a", [9])], batch_size=1)
+        spec.record("a", 1, 0)
+    with pytest.raises(RuntimeError, match="requests are running"):
+        spec.reset()
+    spec.finish("a", REPEATING)  # its output joins the global suffix index
+    assert spec.acceptance("b", "draft") < 0.3
+    assert spec.suffix.propose([request("c", [5, 6, 7])])["c"].token_ids  # found in "a"'s output
+    assert spec.cost.b > 0
+    spec.finish("b", None)
+    spec.reset()
+    assert (spec.cost.a, spec.cost.b) == (0.0, 0.0)
+    assert draft.seconds_per_token == 0.0
+    assert spec.acceptance("d", "draft") == 0.5
+    assert spec.suffix.propose([request("e", [5, 6, 7])])["e"].token_ids == []

@@ -45,3 +45,34 @@ def test_finished_outputs_feed_later_requests_and_are_bounded() -> None:
     for i in range(3):  # older entries fall out of the bounded index
         proposer.finish(f"filler{i}", [200 + i, 201 + i, 202 + i, 203 + i])
     assert _propose(proposer, "newer", [9, 41, 42], [], k=2).token_ids == []
+
+
+def _longest_first(proposer: SuffixProposer, index, num_drafts: int):
+    """The search written the obvious way: every length from the longest down, all sources."""
+    tokens = index.tokens
+    for n in range(min(proposer.max_ngram, len(tokens)), proposer.min_ngram - 1, -1):
+        key = tuple(tokens[-n:])
+        sources = [(index.tokens, p) for p in index.occurrences(key, len(tokens))]
+        for entry in reversed(proposer._global.values()):
+            sources += [(entry.tokens, p) for p in entry.occurrences(key, len(entry.tokens))]
+        if sources:
+            return proposer._follow(sources[: proposer.max_occurrences], num_drafts)
+    return None
+
+
+def test_shortest_first_search_finds_what_longest_first_finds() -> None:
+    import random
+
+    rng = random.Random(0)
+    proposer = SuffixProposer(max_ngram=6, min_ngram=2, max_occurrences=4, global_max_requests=5)
+    for r in range(12):
+        alphabet = rng.choice([3, 5, 12])  # small alphabets repeat, and trim the occurrence lists
+        prompt = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 40))]
+        output: list[int] = []
+        for _ in range(40):
+            got = _propose(proposer, f"r{r}", prompt, output, k=3)
+            expected = _longest_first(proposer, proposer._requests[f"r{r}"], 3)
+            assert (got.token_ids, got.confidence) == ((expected.token_ids, expected.confidence) if expected
+                                                       else ([], []))
+            output.append(rng.randrange(alphabet))
+        proposer.finish(f"r{r}", output)
