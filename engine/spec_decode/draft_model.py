@@ -48,7 +48,7 @@ from engine.model.loader import load_model
 from engine.model.loader.hf_loader import load_hf_model
 from engine.model.quantization import prepare_draft_layers, prepare_for_inference
 from engine.config import SpeculativeConfig
-from engine.model.resolve import EMBEDDED_MODEL_NAME, ResolvedModel, resolve_model
+from engine.model.resolve import ResolvedModel, resolve_model, shipped_draft_path
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels.onednn_linear import onednn_linear, prepack_bf16
@@ -74,18 +74,13 @@ class DraftModel:
     fc_packed: torch.Tensor | None = None  # fc_weight prepacked for oneDNN, like head_packed
 
 
-# The draft shipped for the embedded model (trained by drafts/, stored in the repository): an
-# EAGLE head (engine/spec_decode/eagle.py). drafts/smollm2-135m-draft is the earlier standalone
-# 3-layer draft, kept for comparison (--draft drafts/smollm2-135m-draft).
-SHIPPED_DRAFT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "drafts", "smollm2-135m-eagle")
-
-
 def resolve_draft_path(config: SpeculativeConfig, target: ResolvedModel) -> str:
     """The draft to load: the configured one, else the shipped draft of the embedded model."""
     if config.draft_model is not None:
         return config.draft_model
-    if target.name == EMBEDDED_MODEL_NAME and os.path.isfile(os.path.join(SHIPPED_DRAFT_DIR, "config.json")):
-        return os.path.abspath(SHIPPED_DRAFT_DIR)
+    shipped = shipped_draft_path(target)
+    if shipped is not None:
+        return shipped
     raise ValueError(
         f"speculative {config.method!r} needs a draft model: pass draft=/path/to/draft (a GGUF file or "
         f"a draft folder); only the embedded model has a shipped default"

@@ -341,6 +341,11 @@ class ModelRunner:
         requests = []
         for state in states:
             params = state.sampling_params
+            if state.generator is not None and not params.greedy:
+                # A seeded sampled request must give the same text for the same seed: verifying
+                # drafts draws from its generator differently (accept tests, residuals), and how
+                # many drafts it gets depends on the load. It decodes plainly.
+                continue
             # Drafts past max_tokens or the context would be computed and thrown away.
             room = self.spec.max_drafts
             if params.max_tokens is not None:

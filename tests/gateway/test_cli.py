@@ -33,6 +33,19 @@ def test_no_arguments_serve_the_embedded_model_on_localhost_8000() -> None:
     assert (config.host, config.port) == ("127.0.0.1", 8000)
     assert config.engine.model.model is None and config.api_keys == ()
     assert not config.engine_in_process
+    # The embedded model has a shipped draft: hybrid speculation (draft model + suffix) by default.
+    assert config.engine.speculative.method == "hybrid" and config.engine.speculative.draft_model is None
+
+
+def test_speculation_defaults_to_suffix_without_a_draft_and_to_hybrid_with_one(tmp_path) -> None:
+    other = tmp_path / "other-model.gguf"
+    other.write_bytes(b"GGUF")
+    def method(*argv: str) -> str:
+        return config_from_args(build_parser().parse_args(["serve", "--model", str(other), *argv]),
+                                environ={}).engine.speculative.method
+    assert method() == "suffix"  # no shipped draft for another model: model-free drafting
+    assert method("--draft", str(tmp_path)) == "hybrid"
+    assert method("--speculative", "none") == "none"
 
 
 def test_options_and_environment_keys() -> None:
@@ -48,7 +61,8 @@ def test_options_and_environment_keys() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["serve", "--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
-    (["serve", "--draft", "/some/draft"], "draft"),
+    (["serve", "--draft", "/some/draft"], "/some/draft"),
+    (["serve", "--speculative", "none", "--draft", "drafts/smollm2-135m-eagle"], "draft"),
     (["serve", "--max-body-size", "lots"], "max_body_size"),
     (["serve", "--port", "70000"], "port"),
 ])

@@ -25,8 +25,10 @@ SHUTDOWN_TIMEOUT_SECONDS = 4
 
 @pytest.fixture(scope="module")
 def server() -> Server:
+    # No speculation: the abort checks count tokens, and on this repetitive prompt suffix drafts
+    # make dozens of tokens per step.
     started = start_server("--max-waiting-requests", str(MAX_WAITING_REQUESTS), "--max-num-seqs", "2",
-                           "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_SECONDS))
+                           "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_SECONDS), "--speculative", "none")
     yield started
     stop_server(started)
 

@@ -67,10 +67,11 @@ def test_identical_draft_is_accepted() -> None:
 def test_sampled_requests_run_with_drafts() -> None:
     # Sampling is lossless in distribution (tests/engine/sample/test_rejection_sampler.py), not
     # draw for draw: which drafts a request gets changes which random numbers it uses. So here:
-    # requests finish with the asked length, and a fresh engine repeats a fresh engine's run.
+    # requests finish with the asked length, and a fresh engine repeats a fresh engine's run (the
+    # engine's own seed; a request with a seed of its own gets no drafts, see below).
     # Adaptive speculation prices drafts by measured step times, so how many a request gets
     # depends on the machine's load: fixed-length drafting keeps the two runs comparable.
-    params = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=20, ignore_eos=True)
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=20, ignore_eos=True)
     runs = []
     for _ in range(2):
         llm = LLM(dtype="float32", speculative="suffix", kv_cache_memory="64MiB", adaptive_speculation=False)
@@ -78,3 +79,40 @@ def test_sampled_requests_run_with_drafts() -> None:
         assert llm.stats().spec_num_accepted_tokens > 0
     assert all(len(tokens) == 20 for tokens in runs[0])
     assert runs[0] == runs[1]
+
+
+def test_reset_speculation_restores_a_fresh_engines_drafting() -> None:
+    """After reset_speculation (and reset_prefix_cache) the engine drafts exactly as a fresh one:
+    the previous runs' outputs are no longer in the suffix index. (Not adaptive: adaptive drafting
+    depends on measured step times.)"""
+    llm = LLM(dtype="float32", speculative="suffix", num_speculative_tokens=4, adaptive_speculation=False,
+              kv_cache_memory="64MiB")
+
+    def drafted_and_accepted() -> tuple[int, int]:
+        before = llm.stats()
+        llm.generate([PROMPTS[2]], GREEDY, use_tqdm=False)
+        after = llm.stats()
+        return (after.spec_num_draft_tokens - before.spec_num_draft_tokens,
+                after.spec_num_accepted_tokens - before.spec_num_accepted_tokens)
+
+    fresh = drafted_and_accepted()
+    llm.reset_prefix_cache()
+    repeated = drafted_and_accepted()  # its own earlier answer is in the index: drafted with confidence
+    assert repeated[1] > fresh[1]
+    llm.reset_prefix_cache()
+    llm.reset_speculation()
+    assert drafted_and_accepted() == fresh
+
+
+def test_seeded_sampled_requests_decode_as_without_speculation() -> None:
+    """The same seed gives the same text with and without speculation: a seeded sampled request
+    gets no drafts (how many it would get depends on the load); greedy and unseeded ones do."""
+    seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=24)
+    plain = LLM(dtype="float32", kv_cache_memory="64MiB")
+    expected = plain.generate([PROMPTS[1]], seeded, use_tqdm=False)[0].token_ids
+    llm = LLM(dtype="float32", speculative="suffix", num_speculative_tokens=4, adaptive_speculation=False,
+              kv_cache_memory="64MiB")
+    assert llm.generate([PROMPTS[1]], seeded, use_tqdm=False)[0].token_ids == expected
+    assert llm.stats().spec_num_draft_tokens == 0
+    llm.generate([PROMPTS[1]], SamplingParams(temperature=1.0, max_tokens=24), use_tqdm=False)
+    assert llm.stats().spec_num_draft_tokens > 0  # "1, 2, 3, ..." repeats: unseeded requests draft
