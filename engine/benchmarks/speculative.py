@@ -46,30 +46,33 @@ CODE_SNIPPET = '''def parse_config(path):
     return config
 '''
 
+# The code and chat prompts stay clear of what the shipped draft was trained on: their tasks and
+# topics are drafts/data's held-out ones or in none of its lists (tests/engine/benchmarks checks
+# this), so the draft's acceptance here is held-out acceptance, not recall of its training text.
 CODE = [
     f"Add type hints and a docstring to this function, and return the whole function:\n\n{CODE_SNIPPET}",
     f"Rewrite this function so that it also accepts ':' as a separator. Show the full code.\n\n{CODE_SNIPPET}",
-    "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests.",
-    "Write a Python class Stack with push, pop, peek and is_empty methods, each with a docstring.",
+    "Write a Python function that checks whether a number is prime, with a docstring and tests.",
+    "Write a Python function that finds the greatest common divisor of two numbers, with a docstring.",
     f"Rename the variable 'config' to 'settings' in this function and show the result:\n\n{CODE_SNIPPET}",
-    "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
-    "Write a Python script that counts the words in a text file given on the command line.",
-    "Implement binary search in Python with a docstring, then show two example calls.",
+    "Write a Python function that checks whether two strings are anagrams, ignoring case and spaces.",
+    "Write a Python script that reads a CSV file given on the command line and prints each row as a dictionary.",
+    "Write a Python function that reverses a string, then show two example calls.",
 ]
 
 CHAT = [
     "What is the capital of France, and what is it famous for?",
-    "Give me three tips for sleeping better.",
-    "Explain what a black hole is in simple words.",
+    "Give me three tips for learning to play the violin.",
+    "Explain what inflation is in simple words.",
     "What are the main differences between cats and dogs as pets?",
-    "How do I make a good cup of tea?",
+    "What is honey made of, and why does it keep so long?",
     "Why is the sky blue?",
     "Suggest a name for a small bakery and explain why.",
     "What should I pack for a weekend hiking trip?",
 ]
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city",
+    {"type": "function", "function": {"name": "get_air_quality", "description": "Current air quality of a city",
                                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                      "required": ["city"]}}},
     {"type": "function", "function": {"name": "search_files", "description": "Find files matching a pattern",
@@ -86,11 +89,11 @@ def _agent_turns() -> list[list[dict]]:
     conversations = []
     for i in range(8):
         messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": f"Check the weather in {', '.join(cities[: i % 4 + 3])}, one call each."}]
+                    {"role": "user", "content": f"Check the air quality in {', '.join(cities[: i % 4 + 3])}, one call each."}]
         for city in cities[: i % 4 + 2]:
-            call = json.dumps({"name": "get_weather", "arguments": {"city": city}})
+            call = json.dumps({"name": "get_air_quality", "arguments": {"city": city}})
             messages.append({"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"})
-            result = json.dumps({"city": city, "temperature_c": 10 + len(city), "condition": "cloudy"})
+            result = json.dumps({"city": city, "aqi": 20 + 3 * len(city), "level": "good"})
             messages.append({"role": "user", "content": f"<tool_response>\n{result}\n</tool_response>"})
         conversations.append(messages)
     return conversations
@@ -174,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="rounds at more than one stream: a round is one short group there, and a "
                              "hiccup of this shared machine moves it by tens of percent")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--docs-section", default="speculative-benchmark",
+                        help="the marked section of docs/benchmarks.md that --write-docs rewrites")
     args = parser.parse_args(argv)
     methods = args.methods.split(",")
     if "none" not in methods:
@@ -247,18 +252,25 @@ def main(argv: list[str] | None = None) -> None:
               f"table).")
     print(header + "\n\n" + table)
     if args.write_docs:
-        _write_docs(header, table, argv)
+        _write_docs(header, table, argv, args.docs_section, dtype)
 
 
-def _write_docs(header: str, table: str, argv: list[str] | None) -> None:
+def _write_docs(header: str, table: str, argv: list[str] | None, section: str, dtype: str) -> None:
     command = "python -m engine.benchmarks.speculative " + " ".join(sys.argv[1:] if argv is None else argv)
     machine = f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}"
-    write_section("speculative-benchmark",
-                  f"## Speculative decoding: none, draft, suffix, hybrid\n\nCommand: `{command.strip()}`\n\n"
-                  f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{header}\n\n{table}\n\n"
-                  "Outputs that differ from 'none' in bf16 are rounding, not lost exactness: a verification "
-                  "forward over k + 1 tokens rounds differently from k + 1 one-token forwards, and a near-tie "
-                  "flips the argmax; in float32 the outputs are identical (tests/engine/spec_decode).")
+    if dtype == "float32":
+        note = ("In float32 every method's outputs equal those of 'none' (the run checks it), so each ratio "
+                "compares the time of the very same tokens.")
+    else:
+        note = ("Outputs that differ from 'none' in bf16 are rounding, not lost exactness: a verification "
+                "forward over k + 1 tokens rounds differently from k + 1 one-token forwards, and a near-tie "
+                "flips the argmax; in float32 the outputs are identical (tests/engine/spec_decode). At 8 "
+                "streams this moves the ratios both ways: a group runs until its longest output, so an output "
+                "that diverges into an earlier end lowers the tokens without shortening the group, and one that "
+                "runs longer does the opposite.")
+    write_section(section,
+                  f"## Speculative decoding: none, draft, suffix, hybrid ({dtype})\n\nCommand: `{command.strip()}`\n\n"
+                  f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{header}\n\n{table}\n\n{note}")
 
 
 if __name__ == "__main__":
