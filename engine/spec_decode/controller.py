@@ -4,10 +4,11 @@ Every drafted token is a bet: it gains a token if the target accepts it and cost
 way (verifying it and, for a draft model, producing it). The controller prices both from
 measurements and drafts only the tokens that pay (the arithmetic is in policy.py):
 
-- Cost: the model runner reports every target step's wall time and token count; a StepCostModel
-  fits t = a + b * tokens, so one more verified token costs b seconds (about 0 on a GPU at small
-  batch, a few percent of a step on a CPU at batch 8). A draft-model token also costs the
-  draft's measured seconds per drafted token.
+- Cost: the model runner reports every target step's wall time, token count and attention work;
+  a StepCostModel fits t = a + b * tokens + c * keys read, so one more verified token of a request
+  at context L costs b + c * L seconds (about 0 on a GPU at small batch, a few percent of a step
+  on a CPU at batch 8, and more at long contexts, where attention dominates). A draft-model
+  token also costs the draft's measured seconds per drafted token.
 - Gain: the probability the token is accepted. Each request keeps, per proposer, a decaying count
   of accepted drafts and of verification trials (a draft is a trial when every draft before it was
   accepted), so p = accepted / trials is the chance that one more draft survives, and the j-th
@@ -77,9 +78,10 @@ class SpeculationController:
         return self.config.num_speculative_tokens
 
     # ---- measurements ------------------------------------------------------------------------
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """Wall time of one target step (forward, sampling, verification) over num_tokens tokens."""
-        self.cost.observe(num_tokens, seconds)
+    def observe_step(self, num_tokens: int, seconds: float, attention: float = 0.0) -> None:
+        """Wall time of one target step (forward, sampling, verification) over num_tokens tokens
+        whose attention read `attention` keys in all (cost_model.attention_work)."""
+        self.cost.observe(num_tokens, seconds, attention)
 
     def record(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
         """Verification result of the drafts a request proposed last step."""
@@ -133,11 +135,16 @@ class SpeculationController:
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
               batch_size: int) -> dict[str, tuple[str, int]]:
         """(proposer, number of tokens) per request: see the module docstring."""
-        step_seconds = self.cost.step_seconds(batch_size)
-        verify = self.cost.b
-        draft_token = verify + getattr(self.draft, "seconds_per_token", 0.0)
+        contexts = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests}
+        # Plain decoding's step: every running request one token, at its context (the requests
+        # not listed here, still prefilling, are counted at the listed ones' mean context).
+        mean_context = sum(contexts.values()) / len(contexts)
+        step_seconds = self.cost.step_seconds(batch_size, batch_size * mean_context)
+        draft_seconds = getattr(self.draft, "seconds_per_token", 0.0)
         best: dict[str, tuple[str, Candidate]] = {}
         for request in requests:
+            verify = self.cost.token_seconds(contexts[request.req_id])
+            draft_token = verify + draft_seconds
             options: list[tuple[str, Candidate]] = []
             if request.req_id in suffix:
                 p = self.acceptance(request.req_id, "suffix")

@@ -24,6 +24,7 @@ from engine.sample.rejection_sampler import RejectionSampler, VerifyRequest
 from engine.sample.sampler import Sampler
 from engine.sample.sampling_metadata import SamplingMetadata
 from engine.spec_decode.controller import SpeculationController
+from engine.spec_decode.cost_model import attention_work
 from engine.spec_decode.draft_model import DraftModelProposer, load_draft_model
 from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
@@ -264,7 +265,9 @@ class ModelRunner:
             if self.spec is not None:
                 # The price list of the next drafts: what this step cost for its tokens (before
                 # proposing, which the draft model prices itself).
-                self.spec.observe_step(len(step.input_ids), time.perf_counter() - started)
+                query_lens = np.diff(step.query_start_loc).tolist()
+                self.spec.observe_step(len(step.input_ids), time.perf_counter() - started,
+                                       attention_work(query_lens, step.seq_lens))
                 spec_token_ids = self._propose(sample_states, num_running=len(req_ids))
         self.step_seconds += time.perf_counter() - started
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs,

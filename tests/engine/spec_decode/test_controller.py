@@ -151,3 +151,20 @@ def test_reset_forgets_what_earlier_requests_taught() -> None:
     assert draft.seconds_per_token == 0.0
     assert spec.acceptance("d", "draft") == 0.5
     assert spec.suffix.propose([request("e", [5, 6, 7])])["e"].token_ids == []
+
+
+def test_long_contexts_get_fewer_drafts_when_attention_costs() -> None:
+    """Verified tokens cost attention over the request's whole context: at equal acceptance a
+    request at 4,000 tokens drafts less than one at 100."""
+    config = SpeculativeConfig(method="draft", num_speculative_tokens=4)
+    draft = CountingDraft()
+    spec = SpeculationController(config, suffix=None, draft=draft)
+    for n, w in ((8, 8 * 300), (24, 24 * 2000), (8, 8 * 3000), (40, 40 * 500), (16, 16 * 100)) * 4:
+        spec.observe_step(n, 0.020 + 0.0003 * n + 1e-6 * w, w)
+    short = ProposalRequest("short", prompt_token_ids=[1] * 100, output_token_ids=[9], num_drafts=4)
+    long = ProposalRequest("long", prompt_token_ids=[1] * 4000, output_token_ids=[9], num_drafts=4)
+    for name in ("short", "long"):  # the same acceptance for both: 0.6
+        spec._estimate(name, "draft").accepted, spec._estimate(name, "draft").trials = 6.0, 10.0
+    spec.propose([short], batch_size=1)
+    spec.propose([long], batch_size=1)
+    assert short.num_drafts > long.num_drafts

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec_decode.cost_model import StepCostModel
+from engine.spec_decode.cost_model import StepCostModel, attention_work
 from engine.spec_decode.policy import TOLERANCE, Candidate, break_even_gain, plan_drafts, worth
 
 
@@ -97,3 +97,28 @@ def test_cost_model_never_learns_a_negative_slope() -> None:
         cost.observe(n, t)
     assert cost.b == 0.0
     assert cost.a == pytest.approx(0.045, rel=0.01)  # the (recency-weighted) mean step
+
+
+def test_attention_work_counts_the_keys_causal_queries_read() -> None:
+    # A decode row at 100 tokens reads 100 keys; 3 rows ending at 10 read 8 + 9 + 10.
+    assert attention_work([1, 3], [100, 10]) == 100 + 27
+
+
+def test_cost_model_separates_tokens_from_attention() -> None:
+    cost = StepCostModel()
+    steps = [(8, 8 * 300), (24, 8 * 300 + 16 * 301), (8, 8 * 2000), (40, 40 * 1000), (12, 12 * 150),
+             (16, 16 * 900), (9, 9 * 1800), (30, 30 * 200)]
+    for n, w in steps * 3:
+        cost.observe(n, 0.020 + 0.0003 * n + 2e-7 * w, w)
+    assert cost.a == pytest.approx(0.020) and cost.b == pytest.approx(0.0003)
+    assert cost.c == pytest.approx(2e-7)
+    # A verified token at 2,000 tokens of context costs more than one at 100.
+    assert cost.token_seconds(2000) == pytest.approx(0.0003 + 2e-7 * 2001)
+    assert cost.token_seconds(2000) > 2 * cost.token_seconds(100)
+
+
+def test_cost_model_leaves_attention_out_when_it_moves_with_the_tokens() -> None:
+    cost = StepCostModel()
+    for n in (8, 24, 16, 40, 8, 12) * 3:
+        cost.observe(n, 0.030 + 0.001 * n, 100.0 * n)  # every token at the same context
+    assert cost.c == 0.0 and cost.b == pytest.approx(0.001) and cost.a == pytest.approx(0.030)
