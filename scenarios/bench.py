@@ -7,9 +7,9 @@
 
 Systems, one after the other (never two at once, so each has the machine's cores):
   draftgate            `draftgate serve --speculative none`
-  draftgate+spec       `--speculative suffix` (model-free): on this machine the fastest speculative
-                       mode for agent traffic (engine.benchmarks.speculative; the shipped draft
-                       is too weak to pay for itself yet)
+  draftgate+spec       `--speculative hybrid`: what `draftgate serve` runs by default for the embedded
+                       model (the shipped EAGLE head and suffix drafting, per request and step
+                       whichever expects more; engine.benchmarks.speculative)
   llama.cpp            C++ `llama-server` built from the llama-cpp-python sdist (scenarios/llama_cpp.py),
                        restarted per level with --parallel = the level's users
 
@@ -56,7 +56,7 @@ class SystemSpec:
 
 def system_specs(names: list[str], threads: int, extra_draftgate: list[str], extra_llama: list[str]) -> list[SystemSpec]:
     common = ("--num-threads", str(threads), "--kv-cache-memory", "2GiB", *extra_draftgate)
-    speculative = ("--speculative", "suffix")
+    speculative = ("--speculative", "hybrid")  # the default (auto) for the embedded model
     table = {
         "draftgate": SystemSpec("draftgate", "draftgate", ("--speculative", "none", *common)),
         "draftgate+spec": SystemSpec("draftgate+spec", "draftgate", (*speculative, *common)),

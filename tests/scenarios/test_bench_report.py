@@ -90,7 +90,7 @@ def test_prometheus_counters_and_acceptance() -> None:
 def test_systems_are_started_as_described() -> None:
     specs = bench.system_specs(["draftgate", "draftgate+spec", "llama.cpp"], 2, [], ["--cache-reuse", "256"])
     assert specs[0].server_args[:2] == ("--speculative", "none") and "--num-threads" in specs[0].server_args
-    assert specs[1].server_args[:2] == ("--speculative", "suffix")
+    assert specs[1].server_args[:2] == ("--speculative", "hybrid")  # the default of draftgate serve
     assert specs[2].server_args == ("--cache-reuse", "256")
     with pytest.raises(ValueError, match="unknown vllm"):
         bench.system_specs(["vllm"], 2, [], [])
