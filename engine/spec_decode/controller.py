@@ -66,12 +66,17 @@ class SpeculationController:
         self.config = config
         self.suffix = suffix
         self.draft = draft  # DraftModelProposer or None
-        self.cost = StepCostModel()
-        self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}  # (a prior of p = 0.5)
         self._acceptance: dict[tuple[str, str], Acceptance] = {}  # (req_id, method) -> estimate
         self._method: dict[str, str] = {}  # req_id -> which proposer drafted its pending tokens
         self._idle_steps: dict[str, int] = {}  # req_id -> steps since it last got drafts
         self.proposer_seconds = 0.0
+        self._start_learning()
+
+    def _start_learning(self) -> None:
+        """What is learnt across requests starts here: step costs, and pooled acceptance (a prior
+        of p = 0.5)."""
+        self.cost = StepCostModel()
+        self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}
 
     @property
     def max_drafts(self) -> int:
@@ -178,8 +183,7 @@ class SpeculationController:
         on the same prompts without building engines again. Only between requests."""
         if self._method or self._acceptance:
             raise RuntimeError("reset_speculation needs an idle engine: requests are running")
-        self.cost = StepCostModel()
-        self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}
+        self._start_learning()
         if self.suffix is not None:
             self.suffix.forget_outputs()
         if self.draft is not None:
