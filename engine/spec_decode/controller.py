@@ -7,15 +7,18 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
 - Cost: the model runner reports every target step's wall time, token count and attention work;
   a StepCostModel fits t = a + b * tokens + c * keys read, so one more verified token of a request
   at context L costs b + c * L seconds (about 0 on a GPU at small batch, a few percent of a step
-  on a CPU at batch 8, and more at long contexts, where attention dominates). A draft-model
-  token also costs the draft's measured seconds per drafted token.
+  on a CPU at batch 8, and more at long contexts, where attention dominates). The controller times
+  every draft-model call; a DraftCostModel fits its seconds = fixed + per_depth * positions drafted
+  in sequence + per_token * tokens: the draft model's run is priced per step and per position,
+  its tokens per token (policy.DraftRun).
 - Gain: the probability the token is accepted. Each request keeps, per proposer, a decaying count
   of accepted drafts and of verification trials (a draft is a trial when every draft before it was
   accepted), so p = accepted / trials is the chance that one more draft survives, and the j-th
   draft gains p^j. A new request starts from the pooled estimate of all requests. Suffix drafts
   also carry their vote's own confidence; the gain is the smaller of the two.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
-  and the step's extra seconds must be paid by the request that gains least (they delay it too);
+  the draft model runs to the depth that makes the most tokens per second (or not at all), and
+  the step's extra seconds must be paid by the request that gains least (they delay it too);
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
   probes with one every PROBE_EVERY steps, so its estimate can recover when its text turns
   predictable (a probe is always allowed: without it an estimate could never recover).
@@ -31,8 +34,8 @@ import time
 from dataclasses import dataclass
 
 from engine.config import SpeculativeConfig
-from engine.spec_decode.cost_model import StepCostModel
-from engine.spec_decode.policy import Candidate, plan_drafts, worth
+from engine.spec_decode.cost_model import DraftCostModel, StepCostModel
+from engine.spec_decode.policy import Candidate, DraftRun, plan_step
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
@@ -73,9 +76,10 @@ class SpeculationController:
         self._start_learning()
 
     def _start_learning(self) -> None:
-        """What is learnt across requests starts here: step costs, and pooled acceptance (a prior
-        of p = 0.5)."""
+        """What is learnt across requests starts here: step and draft-model costs, and pooled
+        acceptance (a prior of p = 0.5)."""
         self.cost = StepCostModel()
+        self.draft_cost = DraftCostModel()
         self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}
 
     @property
@@ -133,7 +137,11 @@ class SpeculationController:
                 proposals[request.req_id] = Proposal(proposal.token_ids[:count], None,
                                                      sum(proposal.confidence[:count]), proposal.confidence[:count])
         if need_draft:
-            proposals.update(self.draft.propose(need_draft))
+            draft_started = time.perf_counter()
+            drafted = self.draft.propose(need_draft)
+            lengths = [len(p.token_ids) for p in drafted.values()]
+            self.draft_cost.observe(max(lengths, default=0), sum(lengths), time.perf_counter() - draft_started)
+            proposals.update(drafted)
         self.proposer_seconds += time.perf_counter() - started
         return proposals
 
@@ -145,29 +153,25 @@ class SpeculationController:
         # not listed here, still prefilling, are counted at the listed ones' mean context).
         mean_context = sum(contexts.values()) / len(contexts)
         step_seconds = self.cost.step_seconds(batch_size, batch_size * mean_context)
-        draft_seconds = getattr(self.draft, "seconds_per_token", 0.0)
-        best: dict[str, tuple[str, Candidate]] = {}
+        options: list[list[Candidate]] = []
         for request in requests:
             verify = self.cost.token_seconds(contexts[request.req_id])
-            draft_token = verify + draft_seconds
-            options: list[tuple[str, Candidate]] = []
+            per_request: list[Candidate] = []
             if request.req_id in suffix:
                 p = self.acceptance(request.req_id, "suffix")
                 confidence = suffix[request.req_id].confidence[: request.num_drafts]
                 gains = [min(c, p ** j) for j, c in enumerate(confidence, 1)]
-                options.append(("suffix", Candidate(request.req_id, gains, verify)))
+                per_request.append(Candidate(request.req_id, gains, verify, "suffix"))
             if self.draft is not None:
                 p = self.acceptance(request.req_id, "draft")
                 gains = [p ** j for j in range(1, request.num_drafts + 1)]
-                options.append(("draft", Candidate(request.req_id, gains, draft_token)))
-            # The better net gain wins; on a tie one that has drafts (it can probe), then the first
-            # (suffix: free to propose).
-            best[request.req_id] = max(options, key=lambda o: (worth(o[1], step_seconds, batch_size)[1],
-                                                               bool(o[1].gains)))
-        counts = plan_drafts([c for _, c in best.values()], step_seconds=step_seconds, batch_size=batch_size)
+                per_request.append(Candidate(request.req_id, gains, verify + self.draft_cost.per_token, "draft"))
+            options.append(per_request)
+        run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)
+        plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run)
         chosen: dict[str, tuple[str, int]] = {}
-        for req_id, (which, candidate) in best.items():
-            count = counts[req_id]
+        for req_id, (candidate, count) in plan.items():
+            which = candidate.method
             if count > 0 or not candidate.gains:
                 self._idle_steps.pop(req_id, None)
             else:
@@ -178,7 +182,7 @@ class SpeculationController:
         return chosen
 
     def reset(self) -> None:
-        """Forgets what earlier requests taught: pooled acceptance, measured step and draft costs,
+        """Forgets what earlier requests taught: pooled acceptance, measured step and draft-model costs,
         the suffix index of their outputs. A fresh engine's state, so a benchmark can compare methods
         on the same prompts without building engines again. Only between requests."""
         if self._method or self._acceptance:
@@ -186,8 +190,6 @@ class SpeculationController:
         self._start_learning()
         if self.suffix is not None:
             self.suffix.forget_outputs()
-        if self.draft is not None:
-            self.draft.seconds_per_token = 0.0
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
         for method in ("suffix", "draft"):

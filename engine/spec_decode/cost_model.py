@@ -1,28 +1,37 @@
-"""What a target step costs, measured online: t = a + b * tokens + c * attention.
+"""What speculation costs, measured online: a plane fit t = a + b * x + c * y with forgetting.
 
-Speculation is only worth its verification tokens if they are cheap. On a GPU at small batch a
-step is bound by reading the weights, so b and c are close to 0 and drafts are nearly free; on a
-CPU the matmuls are compute-bound from a few tokens on, so every verified token costs a fixed share
-of a step (b), and, at long contexts, attention over the whole context once more (c times the
-keys it reads): agent turns with 2k-token histories made attention 40% of a server's time here,
-and a draft verified there costs several times one verified at 200 tokens. Rather than guessing
-per device, the model runner reports every step's wall time, its number of scheduled tokens and
-its attention work (the keys all its query tokens read; attention_work), and this fits a plane
-through them by least squares with exponential forgetting (recent steps count most: the batch,
-the contexts and the machine's load drift).
+Two prices come out of it (engine/spec_decode/controller.py uses both):
 
-The slopes are only identifiable when the regressors vary (prefill chunks, verification steps,
-batch and context changes); while the token counts do not, the last well-posed fit is kept; while
-tokens and attention move together, the attention term is left out (c = 0, b takes both). Before
-any fit, b = c = 0 and a is the mean step time: tokens look free, so speculation starts on and its
-own steps supply the spread. A slope is never negative (a step never gets cheaper with more work).
+- StepCostModel, a target step: t = a + b * tokens + c * attention. Speculation is only worth
+  its verification tokens if they are cheap. On a GPU at small batch a step is bound by reading
+  the weights, so b and c are close to 0 and drafts are nearly free; on a CPU the matmuls are
+  compute-bound from a few tokens on, so every verified token costs a share of a step (b), and, at
+  long contexts, attention over the whole context once more (c times the keys it reads): agent
+  turns with 2k-token histories made attention 40% of a server's time here, and a draft verified
+  there costs several times one verified at 200 tokens. The model runner reports every step's wall
+  time, its number of scheduled tokens and its attention work (the keys all its query tokens read;
+  attention_work).
+- DraftCostModel, a draft model's proposing: t = fixed + per_depth * depth + per_token * tokens.
+  A draft model drafts position by position: drafting k tokens for a batch is k sequential passes
+  (depth k, set by the request that drafts most), each a small forward whose price barely moves
+  with the number of requests in it. Measured here for the shipped EAGLE head (bf16, 2 cores):
+  ~2 ms a step to start, ~2.2 ms per position, ~0.1 ms per drafted token: at batch 8, 4 positions
+  cost 15 ms of a 45 ms step whether 8 or 32 tokens come out, which a price per drafted token
+  (the earlier model: seconds / tokens) put at 0.5 ms a token and so let through.
+
+The fit is least squares with exponential forgetting (recent observations count most: the batch,
+the contexts and the machine's load drift). The slopes are only identifiable when the regressors
+vary; while x does not, the last well-posed fit is kept; while x and y move together, y is left
+out (c = 0, b takes both). Before any fit, b = c = 0 and a is the mean: work looks free, so
+speculation starts on and its own steps supply the spread. A slope is never negative (more work
+never costs less).
 """
 
 from __future__ import annotations
 
-FORGET = 0.97  # weight of the past per observed step (half-life ~23 steps)
-MIN_TOKEN_VARIANCE = 0.5  # tokens^2: below this spread the slope is noise; keep the last fit
-MIN_INDEPENDENCE = 0.02  # 1 - correlation^2 of tokens and attention below which c is not identifiable
+FORGET = 0.97  # weight of the past per observation (half-life ~23)
+MIN_X_VARIANCE = 0.5  # x^2: below this spread the slope is noise; keep the last fit
+MIN_INDEPENDENCE = 0.02  # 1 - correlation^2 of x and y below which c is not identifiable
 
 
 def attention_work(query_lens: list[int], seq_lens: list[int]) -> float:
@@ -31,55 +40,96 @@ def attention_work(query_lens: list[int], seq_lens: list[int]) -> float:
     return float(sum(q * s - q * (q - 1) // 2 for q, s in zip(query_lens, seq_lens)))
 
 
-class StepCostModel:
+class PlaneFit:
+    """t = a + b * x + c * y, fitted online (see the module docstring)."""
+
     def __init__(self, forget: float = FORGET) -> None:
         self.forget = forget
-        # Exponentially weighted sums of 1, n, w, t and their products.
-        self._w1 = self._n = self._a = self._t = 0.0
-        self._nn = self._aa = self._na = self._nt = self._at = 0.0
-        self.a = 0.0  # seconds per step whatever its work
-        self.b = 0.0  # seconds per scheduled token
-        self.c = 0.0  # seconds per key read by attention
+        # Exponentially weighted sums of 1, x, y, t and their products.
+        self._w1 = self._x = self._y = self._t = 0.0
+        self._xx = self._yy = self._xy = self._xt = self._yt = 0.0
+        self.a = 0.0
+        self.b = 0.0
+        self.c = 0.0
+        self.identified = False  # whether x has varied enough, once, to fit a slope
 
     @property
     def fitted(self) -> bool:
         return self._w1 > 0
 
-    def observe(self, num_tokens: int, seconds: float, attention: float = 0.0) -> None:
+    def observe(self, x: float, y: float, t: float) -> None:
         f = self.forget
-        n, w, t = float(num_tokens), float(attention), float(seconds)
+        x, y, t = float(x), float(y), float(t)
         self._w1 = f * self._w1 + 1.0
-        self._n = f * self._n + n
-        self._a = f * self._a + w
+        self._x = f * self._x + x
+        self._y = f * self._y + y
         self._t = f * self._t + t
-        self._nn = f * self._nn + n * n
-        self._aa = f * self._aa + w * w
-        self._na = f * self._na + n * w
-        self._nt = f * self._nt + n * t
-        self._at = f * self._at + w * t
+        self._xx = f * self._xx + x * x
+        self._yy = f * self._yy + y * y
+        self._xy = f * self._xy + x * y
+        self._xt = f * self._xt + x * t
+        self._yt = f * self._yt + y * t
         k = self._w1
-        mean_n, mean_w, mean_t = self._n / k, self._a / k, self._t / k
-        var_n = self._nn / k - mean_n * mean_n
-        if var_n >= MIN_TOKEN_VARIANCE:
-            var_w = self._aa / k - mean_w * mean_w
-            cov_nw = self._na / k - mean_n * mean_w
-            cov_nt = self._nt / k - mean_n * mean_t
-            cov_wt = self._at / k - mean_w * mean_t
-            b, c = max(0.0, cov_nt / var_n), 0.0  # tokens alone
-            det = var_n * var_w - cov_nw * cov_nw
-            if var_w > 0 and det > MIN_INDEPENDENCE * var_n * var_w:
-                b2 = (cov_nt * var_w - cov_wt * cov_nw) / det
-                c2 = (cov_wt * var_n - cov_nt * cov_nw) / det
+        mean_x, mean_y, mean_t = self._x / k, self._y / k, self._t / k
+        var_x = self._xx / k - mean_x * mean_x
+        if var_x >= MIN_X_VARIANCE:
+            self.identified = True
+            var_y = self._yy / k - mean_y * mean_y
+            cov_xy = self._xy / k - mean_x * mean_y
+            cov_xt = self._xt / k - mean_x * mean_t
+            cov_yt = self._yt / k - mean_y * mean_t
+            b, c = max(0.0, cov_xt / var_x), 0.0  # x alone
+            det = var_x * var_y - cov_xy * cov_xy
+            if var_y > 0 and det > MIN_INDEPENDENCE * var_x * var_y:
+                b2 = (cov_xt * var_y - cov_yt * cov_xy) / det
+                c2 = (cov_yt * var_x - cov_xt * cov_xy) / det
                 if b2 >= 0 and c2 >= 0:
                     b, c = b2, c2
-                elif c2 > 0:  # tokens explain nothing beyond attention
-                    b, c = 0.0, max(0.0, cov_wt / var_w)
+                elif c2 > 0:  # x explains nothing beyond y
+                    b, c = 0.0, max(0.0, cov_yt / var_y)
             self.b, self.c = b, c
-        self.a = max(0.0, mean_t - self.b * mean_n - self.c * mean_w)
+        self.a = max(0.0, mean_t - self.b * mean_x - self.c * mean_y)
+
+    def predict(self, x: float, y: float = 0.0) -> float:
+        return self.a + self.b * x + self.c * y
+
+
+class StepCostModel(PlaneFit):
+    """A target step: a seconds whatever its work, b per scheduled token, c per key read."""
+
+    def observe(self, num_tokens: int, seconds: float, attention: float = 0.0) -> None:  # type: ignore[override]
+        super().observe(num_tokens, attention, seconds)
 
     def step_seconds(self, num_tokens: int, attention: float = 0.0) -> float:
-        return self.a + self.b * num_tokens + self.c * attention
+        return self.predict(num_tokens, attention)
 
     def token_seconds(self, context_len: int) -> float:
         """What one more verified token at a context of context_len tokens adds to a step."""
         return self.b + self.c * (context_len + 1)
+
+
+class DraftCostModel(PlaneFit):
+    """A draft model's propose call: a (fixed) + b per position drafted in sequence (depth) + c per
+    drafted token."""
+
+    def observe(self, depth: int, num_tokens: int, seconds: float) -> None:  # type: ignore[override]
+        super().observe(depth, num_tokens, seconds)
+        if not self.identified and self._x > 0:
+            # Until the depth has varied, all of it is priced per position: shallower drafts then
+            # look cheaper, so the controller tries them and the spread to fit comes.
+            self.a, self.b, self.c = 0.0, self._t / self._x, 0.0
+
+    @property
+    def fixed(self) -> float:
+        return self.a
+
+    @property
+    def per_depth(self) -> float:
+        return self.b
+
+    @property
+    def per_token(self) -> float:
+        return self.c
+
+    def seconds(self, depth: int, num_tokens: int) -> float:
+        return 0.0 if depth <= 0 else self.predict(depth, num_tokens)

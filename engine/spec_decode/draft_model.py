@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,9 +148,6 @@ def _check_vocab(arch: ArchConfig, target_arch: ArchConfig, path: str) -> None:
                          f"{target_arch.vocab_size}: a draft must share its target's tokenizer")
 
 
-SECONDS_EMA = 0.2  # weight of the newest step in the measured seconds per drafted token
-
-
 class DraftModelProposer:
     def __init__(self, draft: DraftModel, *, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -163,8 +159,6 @@ class DraftModelProposer:
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, device)
         # [num_blocks * block_size] int64: the token whose draft KV each slot holds, -1: none.
         self._kv_tokens = np.full(num_blocks * block_size, -1, dtype=np.int64)
-        # What one drafted token costs (catch-up included), measured: the controller's price.
-        self.seconds_per_token = 0.0
         self.num_catch_up_tokens = 0  # context tokens run to catch up (tests and diagnostics)
 
     @staticmethod
@@ -192,7 +186,6 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
-        started = time.perf_counter()
         drafts: dict[str, list[int]] = {r.req_id: [] for r in requests}
         # Each request drafts from the token it just sampled, at the position after its context.
         position = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) - 1 for r in requests}
@@ -252,8 +245,6 @@ class DraftModelProposer:
             end = len(r.block_ids) * self.block_size
             if written + 1 < end:
                 self._kv_tokens[self._slots(r.block_ids, written + 1, end)] = -1
-        self.seconds_per_token = updated_seconds_per_token(self.seconds_per_token, time.perf_counter() - started,
-                                                           sum(len(t) for t in drafts.values()))
         return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, requests: list[ProposalRequest],
@@ -281,12 +272,3 @@ def greedy_draft_tokens(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor
         rows = torch.nn.functional.linear(hidden, draft.head_weight).argmax(dim=-1)
     assert draft.vocab_ids is not None
     return draft.vocab_ids.index_select(0, rows)
-
-
-def updated_seconds_per_token(current: float, seconds: float, num_drafted: int) -> float:
-    """The measured price of a drafted token: an exponential average of each propose call's
-    seconds per drafted token (unchanged by a call that drafted nothing)."""
-    if num_drafted == 0:
-        return current
-    latest = seconds / num_drafted
-    return latest if current == 0.0 else (1 - SECONDS_EMA) * current + SECONDS_EMA * latest

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.attention_metadata import AttentionMetadata
-from engine.spec_decode.draft_model import DraftModel, greedy_draft_tokens, updated_seconds_per_token
+from engine.spec_decode.draft_model import DraftModel, greedy_draft_tokens
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels.onednn_linear import onednn_linear
@@ -71,7 +71,6 @@ class EagleProposer:
         # req_id -> (its newest verified position P, the head's output there [hidden]): the
         # state that predicts token P + 2, i.e. the first draft of the next step.
         self._newest: dict[str, tuple[int, torch.Tensor]] = {}
-        self.seconds_per_token = 0.0  # what one drafted token costs (its share of the catch-up included)
         self.pass_seconds = 0.0  # seconds in head passes outside drafting (flushes; diagnostics)
 
     @staticmethod
@@ -155,7 +154,6 @@ class EagleProposer:
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
-        started = time.perf_counter()
         drafts: dict[str, list[int]] = {r.req_id: [] for r in requests}
         # Catch up (the same pass gives each request's first draft).
         self._run([r.req_id for r in requests if r.req_id in self._buffered])
@@ -194,8 +192,6 @@ class EagleProposer:
             states = self._forward(inputs, states, torch.tensor(at, dtype=torch.int64, device=self.device), meta)
             tokens = greedy_draft_tokens(self.draft, states).tolist()
             step += 1
-        self.seconds_per_token = updated_seconds_per_token(self.seconds_per_token, time.perf_counter() - started,
-                                                           sum(len(t) for t in drafts.values()))
         return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:

@@ -4,18 +4,24 @@ Pure arithmetic, no state (the controller keeps the estimates; tests pin the dec
 
 - A drafted token's gain is the probability that the target accepts it (the j-th draft only
   counts if the j - 1 before it were accepted, so gains never increase along a proposal).
-- Its cost is the seconds it adds: verifying one more token (the cost model's slope b) plus, for
-  a draft model, producing it. Plain decoding makes batch_size tokens per step_seconds; a token
-  that adds c seconds must therefore gain at least c * batch_size / step_seconds tokens, else the
-  same seconds would have made more tokens without it. This is throughput break-even: alone on a
-  weight-bound step (c << step) nearly any draft pays; at batch 8 on a CPU only confident ones do.
+- Its cost is the seconds it adds: verifying one more token (the step cost model's slope) plus,
+  for a draft model, its own share of the drafting. Plain decoding makes batch_size tokens per
+  step_seconds; a token that adds c seconds must therefore gain at least c * batch_size /
+  step_seconds tokens, else the same seconds would have made more tokens without it. This is
+  throughput break-even: alone on a weight-bound step (c << step) nearly any draft pays; at batch
+  8 on a CPU only confident ones do.
+- A draft model also costs per step, not per token: it drafts position by position, so running
+  it at all costs `fixed` and every position it drafts to costs `per_depth`, however many
+  requests share the pass (DraftRun). The plan therefore tries every depth the draft model could
+  run to (0: not at all) and keeps the one that makes the most tokens per second,
+  (batch_size + gained) / (step_seconds + extra seconds).
 - Fairness gate: the step's extra seconds delay every request in it, also those that draft
   nothing. So the whole step's extra time must be paid by the request that gains least
   (extra <= step_seconds * (least expected accepted + tolerance)); when some request in the batch
-  gains nothing, drafting shrinks to the best tokens that fit in the tolerance alone. Without this
-  a batch that runs until its slowest request finishes (a tool-loop round, a benchmark group) gets
-  slower: drafts finish the predictable requests early while the unpredictable one, which sets
-  the pace, pays for them every step.
+  gains nothing, drafting shrinks to the best tokens that fit in the tolerance alone (a draft
+  model's run costs included). Without this a batch that runs until its slowest request
+  finishes (a tool-loop round, a benchmark group) gets slower: drafts finish the predictable
+  requests early while the unpredictable one, which sets the pace, pays for them every step.
 """
 
 from __future__ import annotations
@@ -32,6 +38,18 @@ class Candidate:
     req_id: str
     gains: list[float]  # expected accepted tokens added by each successive draft, non-increasing
     token_seconds: float  # what one more drafted token adds to the step (verification + proposing)
+    method: str = "suffix"  # "draft": its tokens also share the draft model's run (DraftRun)
+
+
+@dataclass
+class DraftRun:
+    """What running the draft model costs a step beyond its tokens' own price."""
+
+    fixed: float  # seconds, once per step in which it drafts anything
+    per_depth: float  # seconds per position drafted in sequence (the deepest request sets it)
+
+    def seconds(self, depth: int) -> float:
+        return self.fixed + self.per_depth * depth if depth > 0 else 0.0
 
 
 def break_even_gain(step_seconds: float, batch_size: int, token_seconds: float) -> float:
@@ -55,24 +73,93 @@ def worth(candidate: Candidate, step_seconds: float, batch_size: int) -> tuple[i
 
 
 def plan_drafts(candidates: list[Candidate], *, step_seconds: float, batch_size: int,
-                tolerance: float = TOLERANCE) -> dict[str, int]:
-    """How many tokens to draft for each candidate (every request that will decode next step)."""
-    counts = {c.req_id: worth(c, step_seconds, batch_size)[0] for c in candidates}
-    if not candidates or step_seconds <= 0:
-        return counts
-    extra = sum(counts[c.req_id] * c.token_seconds for c in candidates)
-    least = min(sum(c.gains[: counts[c.req_id]]) for c in candidates)
-    if extra <= step_seconds * (least + tolerance):
-        return counts
-    # Someone gains too little to pay for the others' drafts: keep only the best tokens that fit
-    # in the tolerance. Best first; a candidate's tokens come in order (gains never increase and
-    # ties keep their position), so what is kept of each is a prefix.
-    budget = step_seconds * tolerance
-    tokens = sorted(((gain, j, c) for c in candidates for j, gain in enumerate(c.gains[: counts[c.req_id]])),
+                tolerance: float = TOLERANCE, draft_run: DraftRun | None = None) -> dict[str, int]:
+    """How many tokens to draft for each candidate, one proposer per request."""
+    plan = plan_step([[c] for c in candidates], step_seconds=step_seconds, batch_size=batch_size,
+                     tolerance=tolerance, draft_run=draft_run)
+    return {req_id: count for req_id, (_, count) in plan.items()}
+
+
+@dataclass
+class _Option:
+    candidate: Candidate
+    count: int  # tokens that break even
+    net: list[float]  # net[j]: summed net gain of the first j tokens
+    gained: list[float]  # gained[j]: summed gain of the first j tokens
+
+
+def _option(candidate: Candidate, step_seconds: float, batch_size: int) -> _Option:
+    threshold = break_even_gain(step_seconds, batch_size, candidate.token_seconds)
+    count = worth(candidate, step_seconds, batch_size)[0]
+    net, gained = [0.0], [0.0]
+    for gain in candidate.gains[:count]:
+        net.append(net[-1] + gain - threshold)
+        gained.append(gained[-1] + gain)
+    return _Option(candidate, count, net, gained)
+
+
+def plan_step(options: list[list[Candidate]], *, step_seconds: float, batch_size: int,
+              tolerance: float = TOLERANCE, draft_run: DraftRun | None = None,
+              ) -> dict[str, tuple[Candidate, int]]:
+    """Per request (options[i]: its proposers' candidates, one per proposer), the proposer chosen
+    and how many of its tokens to draft."""
+    priced = [[_option(c, step_seconds, batch_size) for c in per_request] for per_request in options]
+    max_depth = max((o.count for per_request in priced for o in per_request if o.candidate.method == "draft"),
+                    default=0)
+    run = draft_run if draft_run is not None else DraftRun(0.0, 0.0)
+    best_plan, best_rate = None, -1.0
+    for depth in range(max_depth + 1):
+        plan = _plan_at_depth(priced, depth)
+        if step_seconds <= 0:  # nothing measured: every token looks free, the deepest plan wins
+            best_plan = plan
+            continue
+        extra, gained, least = _price(plan, run)
+        if extra > step_seconds * (least + tolerance):
+            plan = _trim(plan, step_seconds * tolerance, run)
+            extra, gained, _ = _price(plan, run)
+        rate = (batch_size + gained) / (step_seconds + extra)
+        if rate > best_rate * (1 + 1e-12):
+            best_plan, best_rate = plan, rate
+    assert best_plan is not None or not options
+    return {o.candidate.req_id: (o.candidate, count) for o, count in (best_plan or [])}
+
+
+def _plan_at_depth(priced: list[list[_Option]], depth: int) -> list[tuple[_Option, int]]:
+    """Each request's best option with draft-model tokens capped at depth. On a tie of net gain
+    one that has drafts wins (it can probe), then the first."""
+    plan = []
+    for per_request in priced:
+        choices = [(o, min(o.count, depth) if o.candidate.method == "draft" else o.count) for o in per_request]
+        plan.append(max(choices, key=lambda oc: (oc[0].net[oc[1]], bool(oc[0].candidate.gains))))
+    return plan
+
+
+def _price(plan: list[tuple[_Option, int]], run: DraftRun) -> tuple[float, float, float]:
+    """(extra seconds, expected tokens gained, the least any request gains) of a plan."""
+    depth = max((count for o, count in plan if o.candidate.method == "draft"), default=0)
+    extra = run.seconds(depth) + sum(count * o.candidate.token_seconds for o, count in plan)
+    gained = [o.gained[count] for o, count in plan]
+    return extra, sum(gained), min(gained, default=0.0)
+
+
+def _trim(plan: list[tuple[_Option, int]], budget: float, run: DraftRun) -> list[tuple[_Option, int]]:
+    """Only the best tokens that fit in budget seconds. Best first; a request's tokens come in
+    order (gains never increase and ties keep their position), so what is kept of each is a
+    prefix; a draft-model token also pays for starting the run and for every position it deepens."""
+    tokens = sorted(((o.candidate.gains[j], j, i) for i, (o, count) in enumerate(plan) for j in range(count)),
                     key=lambda item: (-item[0], item[1]))
-    kept = {c.req_id: 0 for c in candidates}
-    for _, j, candidate in tokens:
-        if j == kept[candidate.req_id] and candidate.token_seconds <= budget * (1 + 1e-9):  # (rounding)
-            budget -= candidate.token_seconds
-            kept[candidate.req_id] += 1
-    return kept
+    kept = [0] * len(plan)
+    depth = 0
+    for _, j, i in tokens:
+        candidate = plan[i][0].candidate
+        if j != kept[i]:
+            continue
+        cost = candidate.token_seconds
+        if candidate.method == "draft" and j + 1 > depth:
+            cost += run.seconds(j + 1) - run.seconds(depth)
+        if cost <= budget * (1 + 1e-9):  # (rounding)
+            budget -= cost
+            kept[i] += 1
+            if candidate.method == "draft":
+                depth = max(depth, j + 1)
+    return [(o, k) for (o, _), k in zip(plan, kept)]

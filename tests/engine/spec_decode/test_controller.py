@@ -14,12 +14,10 @@ REPEATING = [5, 6, 7, 8] * 6  # the suffix proposer continues this with full con
 
 
 class CountingDraft:
-    """A draft proposer that proposes token 7, records how many tokens it was asked for, and
-    costs seconds_per_token."""
+    """A draft proposer that proposes token 7 and records how many tokens it was asked for."""
 
-    def __init__(self, seconds_per_token: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.asked: list[tuple[str, int]] = []
-        self.seconds_per_token = seconds_per_token
 
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
         self.asked += [(r.req_id, r.num_drafts) for r in requests]
@@ -34,14 +32,18 @@ def request(req_id: str, output: list[int], k: int = 4) -> ProposalRequest:
 
 
 def controller(method: str, *, a: float = 0.030, b: float = 0.001, draft_seconds: float = 0.0,
+               draft_fixed: float = 0.0, draft_per_depth: float = 0.0,
                adaptive: bool = True) -> tuple[SpeculationController, CountingDraft]:
-    """A controller whose cost model has seen CPU-like steps: a + b * tokens."""
-    draft = CountingDraft(draft_seconds)
+    """A controller whose cost model has seen CPU-like steps, a + b * tokens, and draft-model
+    calls that cost draft_fixed + draft_per_depth * depth + draft_seconds * tokens."""
+    draft = CountingDraft()
     suffix = SuffixProposer() if method in ("suffix", "hybrid") else None
     config = SpeculativeConfig(method=method, num_speculative_tokens=4, adaptive=adaptive)
     spec = SpeculationController(config, suffix=suffix, draft=draft if method != "suffix" else None)
     for n in (1, 8, 24, 8, 40, 16):
         spec.observe_step(n, a + b * n)
+    for depth, tokens in ((1, 1), (4, 4), (2, 16), (4, 32), (3, 3), (1, 8)):
+        spec.draft_cost.observe(depth, tokens, draft_fixed + draft_per_depth * depth + draft_seconds * tokens)
     return spec, draft
 
 
@@ -144,11 +146,11 @@ def test_reset_forgets_what_earlier_requests_taught() -> None:
     spec.finish("a", REPEATING)  # its output joins the global suffix index
     assert spec.acceptance("b", "draft") < 0.3
     assert spec.suffix.propose([request("c", [5, 6, 7])])["c"].token_ids  # found in "a"'s output
-    assert spec.cost.b > 0
+    assert spec.cost.b > 0 and spec.draft_cost.per_token > 0
     spec.finish("b", None)
     spec.reset()
     assert (spec.cost.a, spec.cost.b) == (0.0, 0.0)
-    assert draft.seconds_per_token == 0.0
+    assert (spec.draft_cost.fixed, spec.draft_cost.per_depth, spec.draft_cost.per_token) == (0.0, 0.0, 0.0)
     assert spec.acceptance("d", "draft") == 0.5
     assert spec.suffix.propose([request("e", [5, 6, 7])])["e"].token_ids == []
 

@@ -1,4 +1,5 @@
-"""The cost-aware drafting arithmetic: break-even gains, per-token counts and the fairness gate.
+"""The cost-aware drafting arithmetic: break-even gains, per-token counts, the draft model's
+per-step and per-position price, and the fairness gate.
 
 Numbers are a CPU-like step (40 ms for 8 requests, 1 ms per verified token) and a GPU-like one
 (verification nearly free)."""
@@ -7,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec_decode.cost_model import StepCostModel, attention_work
-from engine.spec_decode.policy import TOLERANCE, Candidate, break_even_gain, plan_drafts, worth
+from engine.spec_decode.cost_model import DraftCostModel, StepCostModel, attention_work
+from engine.spec_decode.policy import TOLERANCE, Candidate, DraftRun, break_even_gain, plan_drafts, plan_step, worth
 
 
 def geometric(p: float, k: int = 4) -> list[float]:
@@ -122,3 +123,74 @@ def test_cost_model_leaves_attention_out_when_it_moves_with_the_tokens() -> None
     for n in (8, 24, 16, 40, 8, 12) * 3:
         cost.observe(n, 0.030 + 0.001 * n, 100.0 * n)  # every token at the same context
     assert cost.c == 0.0 and cost.b == pytest.approx(0.001) and cost.a == pytest.approx(0.030)
+
+
+def test_the_draft_models_run_sets_its_depth() -> None:
+    """Alone, 40 ms a step, 1 ms per verified token: every one of p = 0.5's four drafts breaks even
+    by itself (0.025), but the draft model costs 2 ms to start and 4 ms per position. Tokens per
+    second by depth: 25.0 (none), 1.5 / 47 ms = 31.9, 1.75 / 52 ms = 33.7, 1.875 / 57 ms = 32.9,
+    1.9375 / 62 ms = 31.3: two positions."""
+    draft = Candidate("a", geometric(0.5), 0.001, "draft")
+    run = DraftRun(fixed=0.002, per_depth=0.004)
+    assert plan_drafts([draft], step_seconds=0.040, batch_size=1, draft_run=run) == {"a": 2}
+    assert plan_drafts([draft], step_seconds=0.040, batch_size=1) == {"a": 4}  # a free run: all four
+    # A start-up cost paid once per step drafts deeper than the same seconds charged per token:
+    # 10 ms once makes four drafts pay (1.94 / 54 ms = 35.9 per second against 25.0); 10 ms per
+    # token makes only the first one pay (0.5 > 11 ms / 40 ms = 0.275; 0.25 does not).
+    assert plan_drafts([draft], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.010, 0.0)) == {"a": 4}
+    assert plan_drafts([Candidate("a", geometric(0.5), 0.011, "draft")], step_seconds=0.040, batch_size=1) == {"a": 1}
+
+
+def test_a_draft_run_that_does_not_pay_for_the_batch_is_left_out() -> None:
+    """Batch 8 on a CPU, 45 ms a step: eight requests at p = 0.4 whose tokens cost 0.3 ms each
+    (break-even 0.053, so each would draft three) and a draft model at 2 ms + 5 ms per position.
+    Depth 1 gains 3.2 tokens for 9.4 ms (11.2 / 54.4 ms = 206 per second against 178 for none),
+    depth 2 4.48 for 16.8 ms (202), depth 3 less again: one position. At 15 ms per position no
+    depth pays (11.2 / 64.4 ms = 174) and the model does not run."""
+    batch = [Candidate(f"r{i}", geometric(0.4, 3), 0.0003, "draft") for i in range(8)]
+    counts = plan_drafts(batch, step_seconds=0.045, batch_size=8, draft_run=DraftRun(0.002, 0.005))
+    assert counts == {f"r{i}": 1 for i in range(8)}
+    counts = plan_drafts(batch, step_seconds=0.045, batch_size=8, draft_run=DraftRun(0.002, 0.015))
+    assert counts == {f"r{i}": 0 for i in range(8)}
+
+
+def test_the_gate_charges_a_draft_models_run_to_the_tolerance() -> None:
+    """Some request gains nothing, so only 0.8 ms (2% of 40 ms) may be spent. Without a run cost
+    the best token, the draft model's 0.95, fits; with one (3 ms to start) it does not, and the
+    suffix tokens that fit take the budget instead."""
+    batch = [[Candidate("d", [0.95], 0.0002, "draft")], [Candidate("s1", [0.9, 0.8], 0.0002)],
+             [Candidate("s2", [0.9, 0.8], 0.0002)], [Candidate("idle", [], 0.0002)]]
+    free = plan_step(batch, step_seconds=0.040, batch_size=8)
+    assert {r: count for r, (_, count) in free.items()} == {"d": 1, "s1": 2, "s2": 1, "idle": 0}
+    priced = plan_step(batch, step_seconds=0.040, batch_size=8, draft_run=DraftRun(0.003, 0.002))
+    assert {r: count for r, (_, count) in priced.items()} == {"d": 0, "s1": 2, "s2": 2, "idle": 0}
+
+
+def test_hybrid_plan_picks_the_proposer_per_request_under_the_run_cost() -> None:
+    """Alone, 40 ms a step, 1 ms per verified token. A request with a confident suffix continuation
+    and a draft model takes the suffix drafts, which need no run; one with only the draft model at
+    p = 0.3 drafts when the run is cheap (2 ms + 2 ms per position: 1.3 tokens per 45 ms beats 1
+    per 40) and not when it is dear (8 ms + 4 ms: 1.3 per 53 ms)."""
+    both = [Candidate("s", [0.9, 0.8, 0.7, 0.6], 0.001), Candidate("s", geometric(0.5), 0.001, "draft")]
+    model_only = [Candidate("m", geometric(0.3), 0.001, "draft")]
+    for run in (DraftRun(0.002, 0.002), DraftRun(0.008, 0.004)):
+        plan = plan_step([both], step_seconds=0.040, batch_size=1, draft_run=run)
+        assert plan["s"][0].method == "suffix" and plan["s"][1] == 4
+    assert plan_step([model_only], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.002, 0.002))["m"][1] >= 1
+    assert plan_step([model_only], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.008, 0.004))["m"][1] == 0
+
+
+def test_draft_cost_model_separates_start_depth_and_tokens() -> None:
+    cost = DraftCostModel()
+    assert cost.seconds(4, 4) == 0.0
+    # Before the depth varies, all of a call is priced per position.
+    for _ in range(3):
+        cost.observe(4, 4, 0.0112)
+    assert (cost.fixed, cost.per_depth, cost.per_token) == (0.0, pytest.approx(0.0028), 0.0)
+    calls = [(1, 1), (4, 32), (2, 16), (4, 4), (3, 24), (1, 8), (2, 2), (3, 9)]
+    for depth, tokens in calls * 3:
+        cost.observe(depth, tokens, 0.002 + 0.0022 * depth + 0.0001 * tokens)
+    assert cost.fixed == pytest.approx(0.002) and cost.per_depth == pytest.approx(0.0022)
+    assert cost.per_token == pytest.approx(0.0001)
+    assert cost.seconds(4, 32) == pytest.approx(0.002 + 0.0088 + 0.0032)
+    assert cost.seconds(0, 0) == 0.0
