@@ -13,9 +13,17 @@ as already generated; then temperature, min-p, top-k, top-p.
 - bonus token: when all k drafts are accepted, one token drawn from p_{k+1}.
 
 Every step emits accepted + 1 tokens, and the emitted sequence is distributed exactly as the
-target's own sampling (Leviathan et al. 2023, Chen et al. 2023). Deterministic proposers (suffix
-matching, greedy drafting) have q_j one-hot at d_j: acceptance is then p_j(d_j) and the residual
-is p_j without d_j. Greedy requests take the fast path: accept while d_j equals the argmax.
+target's own sampling (Leviathan et al. 2023, Chen et al. 2023). Greedy requests take the fast
+path: accept while d_j equals the argmax.
+
+Deterministic proposers (suffix matching, greedy drafting) have q_j one-hot at d_j: acceptance
+is then p_j(d_j) and the residual is p_j without d_j. That is exactly what sampling x_j from p_j
+and accepting while x_j == d_j does (P(x_j = d_j) = p_j(d_j), and an x_j that differs is p_j
+conditioned on not being d_j), so one-hot drafts are verified that way: every row is sampled as
+plain decoding would sample it, with the same noise (a seeded row's noise depends on its seed and
+output position only, sampling_metadata.position_seed). A seeded request therefore emits the very
+tokens it would without drafts, however many drafts it got: speculation changes its speed, not
+its text.
 """
 
 from __future__ import annotations
@@ -36,7 +44,6 @@ class VerifyRequest:
     first_row: int  # its first row in the logits; it owns first_row .. first_row + len(drafts)
     draft_token_ids: list[int]  # k >= 0 drafts (k == 0: plain sampling of one token)
     greedy: bool
-    generator: torch.Generator | None  # seeded requests draw all randomness from it
     # [k, vocab_size] float32: the distributions the drafts were drawn from; None = one-hot at
     # each draft (a deterministic proposer).
     draft_probs: torch.Tensor | None = None
@@ -62,9 +69,12 @@ class RejectionSampler:
         probs = None if meta.all_greedy else self.sampler.compute_probs(logits, meta)  # [num_rows, vocab]
 
         emitted: list[list[int]] = []
-        pending_rows: list[torch.Tensor] = []  # residual or bonus distributions still to sample
-        pending_generators: dict[int, torch.Generator] = {}
-        pending_owner: list[int] = []
+        # Rows still to sample by the exponential race: every row of a random request with one-hot
+        # drafts (coupled), or the residual or bonus row of one with drafted distributions.
+        race_rows: list[torch.Tensor] = []
+        race_generators: dict[int, torch.Generator] = {}
+        coupled: list[tuple[int, int]] = []  # (request index, its first row in race_rows)
+        residual_owner: list[tuple[int, int]] = []  # (request index, its row in race_rows)
         for index, request in enumerate(requests):
             drafts, row = request.draft_token_ids, request.first_row
             if request.greedy:
@@ -74,16 +84,30 @@ class RejectionSampler:
                 emitted.append(drafts[:accepted] + [target_argmax[row + accepted]])
                 continue
             assert probs is not None
-            accepted, residual = self._accept(probs, request)
-            emitted.append(drafts[:accepted])
-            if request.generator is not None:
-                pending_generators[len(pending_rows)] = request.generator
-            pending_rows.append(residual)
-            pending_owner.append(index)
-        if pending_rows:
-            samples = exponential_race(torch.stack(pending_rows), pending_generators).tolist()
-            for owner, token in zip(pending_owner, samples):
-                emitted[owner].append(token)
+            emitted.append([])
+            if request.draft_probs is None:
+                coupled.append((index, len(race_rows)))
+                for j in range(len(drafts) + 1):
+                    if (generator := meta.generators.get(row + j)) is not None:
+                        race_generators[len(race_rows)] = generator
+                    race_rows.append(probs[row + j])
+                continue
+            accepted, residual = self._accept(probs, request, meta.generators.get(row))
+            emitted[-1] = drafts[:accepted]
+            if (generator := meta.generators.get(row + accepted)) is not None:
+                race_generators[len(race_rows)] = generator
+            residual_owner.append((index, len(race_rows)))
+            race_rows.append(residual)
+        if race_rows:
+            samples = exponential_race(torch.stack(race_rows), race_generators).tolist()
+            for index, first in coupled:
+                drafts = requests[index].draft_token_ids
+                accepted = 0
+                while accepted < len(drafts) and samples[first + accepted] == drafts[accepted]:
+                    accepted += 1
+                emitted[index] = drafts[:accepted] + [samples[first + accepted]]
+            for index, at in residual_owner:
+                emitted[index].append(samples[at])
 
         if logprobs is None:
             return emitted, None
@@ -104,19 +128,19 @@ class RejectionSampler:
         return emitted, grouped
 
     @staticmethod
-    def _accept(probs: torch.Tensor, request: VerifyRequest) -> tuple[int, torch.Tensor]:
-        """(number of accepted drafts, the distribution of the token that follows them)."""
+    def _accept(probs: torch.Tensor, request: VerifyRequest,
+                generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+        """Drafts drawn from distributions (draft_probs): (number of accepted drafts, the
+        distribution of the token that follows them)."""
         drafts, row, k = request.draft_token_ids, request.first_row, len(request.draft_token_ids)
+        assert request.draft_probs is not None
         if k == 0:
             return 0, probs[row]
         device = probs.device
         draft_ids = torch.tensor(drafts, device=device)
         p_draft = probs[row : row + k].gather(1, draft_ids.unsqueeze(1)).squeeze(1)  # [k]
-        if request.draft_probs is None:
-            q_draft = torch.ones_like(p_draft)
-        else:
-            q_draft = request.draft_probs.gather(1, draft_ids.unsqueeze(1)).squeeze(1)
-        uniform = torch.rand(k, generator=request.generator, device=device)
+        q_draft = request.draft_probs.gather(1, draft_ids.unsqueeze(1)).squeeze(1)
+        uniform = torch.rand(k, generator=generator, device=device)
         # u < p/q  <=>  u * q < p (no division; q > 0 for a token the proposer drew).
         accept = (uniform * q_draft < p_draft).tolist()
         accepted = 0
@@ -125,11 +149,7 @@ class RejectionSampler:
         if accepted == k:
             return k, probs[row + k]
         p = probs[row + accepted]
-        if request.draft_probs is None:
-            residual = p.clone()
-            residual[drafts[accepted]] = 0.0
-        else:
-            residual = (p - request.draft_probs[accepted]).clamp_(min=0.0)
+        residual = (p - request.draft_probs[accepted]).clamp_(min=0.0)
         total = residual.sum()
         # A residual with no mass means p <= q everywhere, i.e. p == q: rejection had zero
         # probability and only rounding got here; p itself is then the right distribution.

@@ -13,7 +13,7 @@ then takes the argmax for the greedy ones, so their entries must cost nothing an
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +57,8 @@ class SamplingMetadata:
     top_p: torch.Tensor | None  # [num_reqs] float32
     # None when no random row uses min-p; rows without it hold 0.0.
     min_p: torch.Tensor | None  # [num_reqs] float32
-    # Seeded random rows draw their noise from their own generator (row index -> generator).
+    # Seeded random rows draw their noise from a generator of their own, seeded by (seed, the
+    # output position the row samples): row index -> generator (see position_seed).
     generators: dict[int, torch.Generator]
     penalties: PenaltyTensors | None
     logit_bias: SparseLogitUpdate | None
@@ -77,7 +78,6 @@ class SamplingMetadata:
         params: Sequence[SamplingParams],
         prompt_token_ids: Sequence[Sequence[int]],
         output_token_ids: Sequence[Sequence[int]],
-        generators: Mapping[int, torch.Generator],
         eos_token_ids: frozenset[int],
         vocab_size: int,
         device: torch.device | str,
@@ -85,8 +85,10 @@ class SamplingMetadata:
     ) -> SamplingMetadata:
         """Builds the metadata for `len(params)` rows.
 
-        generators maps a row index to that request's own generator; every seeded random row
-        must have one (the caller keeps it across steps, so a seed fixes the whole sequence).
+        A seeded random row gets a generator seeded by position_seed(seed, len(its outputs)):
+        the noise that picks output token n depends on the seed and n only, so a seed fixes the
+        whole sequence whatever the batch, and a verification row (whose outputs include the
+        drafts before it) draws exactly the noise plain decoding would draw there.
         Token ids in logit_bias and stop_token_ids are checked against vocab_size.
         token_bitmasks: per row, the packed bitmask of the tokens its grammar allows
         ([ceil(vocab_size / 32)] int32), or None for an unconstrained row.
@@ -134,10 +136,7 @@ class SamplingMetadata:
                 min_ps.append(p.min_p)
                 uses_min_p |= p.min_p > 0.0
                 if p.seed is not None:
-                    generator = generators.get(row)
-                    if generator is None:
-                        raise ValueError(f"generators has no entry for row {row}, whose request sets seed={p.seed}")
-                    row_generators[row] = generator
+                    row_generators[row] = make_generator(position_seed(p.seed, len(output_token_ids[row])), device)
             uses_penalties |= (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
                                or p.repetition_penalty != 1.0)
             if p.logit_bias or p.stop_token_ids:
@@ -197,8 +196,18 @@ def _stack_bitmasks(rows: Sequence[np.ndarray | None] | None, num_reqs: int, voc
     return host_to_device(torch.from_numpy(packed), device)
 
 
+def position_seed(seed: int, position: int) -> int:
+    """The seed of the noise that samples output token `position` of a request seeded `seed`:
+    splitmix64 of the pair, so nearby seeds and positions give unrelated streams."""
+    mask = (1 << 64) - 1
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xD1B54A32D192ED03) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 1  # 63 bits: any torch generator takes it
+
+
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
-    """The per-request generator for a seeded request; keep it for the request's whole life."""
+    """A generator on `device` seeded with `seed`."""
     generator = torch.Generator(device=torch.device(device))
     generator.manual_seed(seed)
     return generator

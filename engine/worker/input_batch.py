@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from engine.sampling_params import SamplingParams
 
@@ -24,7 +23,6 @@ class CachedRequestState:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
-    generator: torch.Generator | None
     # Drafted tokens scheduled for verification this step (speculative decoding).
     spec_token_ids: list[int] = field(default_factory=list)
 

@@ -188,10 +188,6 @@ class ModelRunner:
                 # Blocks past its prefix hit are fresh: their draft KV belongs to another context.
                 draft.forget_blocks(new.block_ids[new.num_computed_tokens // self.block_size:])
             params = new.sampling_params
-            generator = None
-            if params.seed is not None:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(params.seed)
             self.requests[new.req_id] = CachedRequestState(
                 req_id=new.req_id,
                 prompt_token_ids=list(new.prompt_token_ids),
@@ -199,7 +195,6 @@ class ModelRunner:
                 sampling_params=params,
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
-                generator=generator,
             )
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
@@ -295,7 +290,6 @@ class ModelRunner:
             params=[s.sampling_params for s in states],
             prompt_token_ids=[s.prompt_token_ids for s in states],
             output_token_ids=outputs,
-            generators={i: s.generator for i, s in enumerate(states) if s.generator is not None},
             eos_token_ids=self.eos_token_ids,
             vocab_size=self.vocab_size,
             device=self.device,
@@ -323,7 +317,7 @@ class ModelRunner:
         for state in states:
             drafts = state.spec_token_ids
             requests.append(VerifyRequest(first_row=len(row_states), draft_token_ids=list(drafts),
-                                          greedy=state.sampling_params.greedy, generator=state.generator))
+                                          greedy=state.sampling_params.greedy))
             for j in range(len(drafts) + 1):
                 row_states.append(state)
                 row_outputs.append(state.output_token_ids + drafts[:j] if j else state.output_token_ids)
@@ -344,11 +338,6 @@ class ModelRunner:
         requests = []
         for state in states:
             params = state.sampling_params
-            if state.generator is not None and not params.greedy:
-                # A seeded sampled request must give the same text for the same seed: verifying
-                # drafts draws from its generator differently (accept tests, residuals), and how
-                # many drafts it gets depends on the load. It decodes plainly.
-                continue
             # Drafts past max_tokens or the context would be computed and thrown away.
             room = self.spec.max_drafts
             if params.max_tokens is not None:

@@ -168,7 +168,7 @@ def test_the_sampler_never_picks_a_masked_token() -> None:
     rows[1][0] = (1 << 4) | (1 << 9)  # tokens 4 and 9
     meta = SamplingMetadata.build([SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=3),
                                    SamplingParams(temperature=0.0)], [[1]] * 3, [[]] * 3,
-                                  {1: torch.Generator().manual_seed(3)}, frozenset(), vocab_size, "cpu",
+                                  frozenset(), vocab_size, "cpu",
                                   token_bitmasks=rows)
     assert meta.token_bitmask is not None and meta.token_bitmask.shape == (3, 3)
     expected_free = int(logits[2].argmax())
@@ -181,7 +181,7 @@ def test_the_sampler_never_picks_a_masked_token() -> None:
 
 
 def test_no_bitmask_is_built_when_no_row_is_constrained() -> None:
-    meta = SamplingMetadata.build([SamplingParams()], [[1]], [[]], {}, frozenset(), 10, "cpu",
+    meta = SamplingMetadata.build([SamplingParams()], [[1]], [[]], frozenset(), 10, "cpu",
                                   token_bitmasks=[None])
     assert meta.token_bitmask is None
 

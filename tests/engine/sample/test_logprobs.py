@@ -27,7 +27,7 @@ def test_logprobs_are_log_softmax_of_processed_logits() -> None:
     prompts = [[5], [5], [5], [5]]
     outputs = [[9], [9, 9, 12], [], []]
     logits = make_logits(4)
-    meta = SamplingMetadata.build(params, prompts, outputs, {}, frozenset({1}), VOCAB, "cpu")
+    meta = SamplingMetadata.build(params, prompts, outputs, frozenset({1}), VOCAB, "cpu")
     torch.manual_seed(0)
     out = Sampler()(logits.clone(), meta)
     assert out.logprobs is not None
@@ -53,7 +53,7 @@ def test_logprobs_are_log_softmax_of_processed_logits() -> None:
 
 def test_tolists_trims_per_request() -> None:
     params = [SamplingParams(logprobs=2), SamplingParams(), SamplingParams(logprobs=0), SamplingParams(logprobs=4)]
-    meta = SamplingMetadata.build(params, [[0]] * 4, [[]] * 4, {}, frozenset(), VOCAB, "cpu")
+    meta = SamplingMetadata.build(params, [[0]] * 4, [[]] * 4, frozenset(), VOCAB, "cpu")
     logits = make_logits(4)
     reference = torch.log_softmax(logits, dim=-1)
     torch.manual_seed(0)
@@ -76,5 +76,5 @@ def test_tolists_trims_per_request() -> None:
 
 
 def test_no_logprobs_requested_returns_none() -> None:
-    meta = SamplingMetadata.build([SamplingParams()], [[0]], [[]], {}, frozenset(), VOCAB, "cpu")
+    meta = SamplingMetadata.build([SamplingParams()], [[0]], [[]], frozenset(), VOCAB, "cpu")
     assert Sampler()(make_logits(1), meta).logprobs is None

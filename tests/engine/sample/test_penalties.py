@@ -13,7 +13,7 @@ INF = float("inf")
 
 def build(params: list[SamplingParams], prompts: list[list[int]], outputs: list[list[int]],
           vocab_size: int, eos: frozenset[int] = frozenset()) -> SamplingMetadata:
-    return SamplingMetadata.build(params, prompts, outputs, {}, eos, vocab_size, "cpu")
+    return SamplingMetadata.build(params, prompts, outputs, eos, vocab_size, "cpu")
 
 
 BASE = [2.0, -1.0, 0.5, -0.5, 1.0, 0.0, 3.0]  # 7 tokens; every value and result below is exact in fp32

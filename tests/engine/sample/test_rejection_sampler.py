@@ -17,8 +17,7 @@ VOCAB = 8
 
 
 def _meta(params: SamplingParams, num_rows: int) -> SamplingMetadata:
-    return SamplingMetadata.build([params] * num_rows, [[0]] * num_rows, [[]] * num_rows, {}, frozenset(),
-                                  VOCAB, "cpu")
+    return SamplingMetadata.build([params] * num_rows, [[0]] * num_rows, [[]] * num_rows, frozenset(), VOCAB, "cpu")
 
 
 def _target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:  # [rows, vocab]
@@ -65,7 +64,7 @@ def test_emitted_tokens_follow_the_target(params: SamplingParams, draft_kind: st
             drafts = [int(torch.randint(VOCAB, (1,), generator=generator)) for _ in range(k)]
             q = None
         requests.append(VerifyRequest(first_row=trial * (k + 1), draft_token_ids=drafts, greedy=False,
-                                      generator=None, draft_probs=q))
+                                      draft_probs=q))
     tokens, _ = sampler(logits.repeat(draws, 1), _meta(params, draws * (k + 1)), requests)
     first = torch.zeros(VOCAB)
     second = torch.zeros(VOCAB)
@@ -93,7 +92,7 @@ def test_greedy_accepts_the_matching_prefix_then_corrects() -> None:
     cases = {(3, 1, 6): [3, 1, 6, 2], (3, 1, 0): [3, 1, 6], (0, 1, 6): [3], (3, 4, 6): [3, 1]}
     for drafts, expected in cases.items():
         tokens, _ = sampler(logits.clone(), _meta(params, 4),
-                            [VerifyRequest(0, list(drafts), greedy=True, generator=None)])
+                            [VerifyRequest(0, list(drafts), greedy=True)])
         assert tokens == [expected]
 
 
@@ -101,11 +100,10 @@ def test_mixed_batch_and_logprobs() -> None:
     torch.manual_seed(3)
     logits = torch.randn(5, VOCAB)
     params = [SamplingParams(temperature=0.0, logprobs=2)] * 3 + [SamplingParams(temperature=0.8, seed=5)] * 2
-    meta = SamplingMetadata.build(params, [[0]] * 5, [[]] * 5, {3: torch.Generator(), 4: torch.Generator()},
-                                  frozenset(), VOCAB, "cpu")
+    meta = SamplingMetadata.build(params, [[0]] * 5, [[]] * 5, frozenset(), VOCAB, "cpu")
     argmax = logits.argmax(-1).tolist()
-    requests = [VerifyRequest(0, [argmax[0], argmax[1]], greedy=True, generator=None),
-                VerifyRequest(3, [0], greedy=False, generator=torch.Generator().manual_seed(5))]
+    requests = [VerifyRequest(0, [argmax[0], argmax[1]], greedy=True),
+                VerifyRequest(3, [0], greedy=False)]
     tokens, logprobs = RejectionSampler(Sampler())(logits.clone(), meta, requests)
     assert tokens[0] == argmax[:3]
     assert 1 <= len(tokens[1]) <= 2
@@ -115,3 +113,38 @@ def test_mixed_batch_and_logprobs() -> None:
         assert token_id == argmax[j] and logprob == pytest.approx(float(expected[j, token_id]), abs=1e-5)
         assert len(top) == 2
     assert all(e is None for e in logprobs[1])
+
+
+def test_a_seeded_request_emits_what_plain_sampling_would() -> None:
+    """With one-hot drafts, a seeded row is sampled with the noise plain decoding uses at that
+    output position, so the emitted tokens are plain decoding's, whatever the drafts: all of them
+    when the drafts are right, up to and including the correction when one is wrong."""
+    torch.manual_seed(7)
+    k = 4
+    params = SamplingParams(temperature=1.0, seed=1234)
+    logits = torch.randn(k + 1, VOCAB)  # row j: the target's logits at output position 3 + j
+    history = [5, 1, 2]  # outputs before this step
+    sampler = Sampler()
+    plain: list[int] = []
+    for j in range(k + 1):  # plain decoding, one token per step
+        meta = SamplingMetadata.build([params], [[0]], [history + plain], frozenset(), VOCAB, "cpu")
+        plain.append(int(sampler(logits[j: j + 1].clone(), meta).sampled_token_ids[0]))
+
+    def verify(drafts: list[int]) -> list[int]:
+        rows = [history + drafts[:j] for j in range(k + 1)]
+        meta = SamplingMetadata.build([params] * (k + 1), [[0]] * (k + 1), rows, frozenset(), VOCAB, "cpu")
+        tokens, _ = RejectionSampler(Sampler())(logits.clone(), meta, [VerifyRequest(0, drafts, greedy=False)])
+        return tokens[0]
+
+    assert verify(plain[:k]) == plain  # every draft accepted, the bonus token too
+    for wrong_at in range(k):
+        drafts = list(plain[:k])
+        drafts[wrong_at] = (drafts[wrong_at] + 1) % VOCAB
+        assert verify(drafts) == plain[: wrong_at + 1]
+    # Another seed samples differently somewhere over many positions.
+    other = SamplingParams(temperature=1.0, seed=1235)
+    many = torch.randn(64, VOCAB)
+    draws = {seed_params.seed: [int(sampler(many[j: j + 1].clone(), SamplingMetadata.build(
+        [seed_params], [[0]], [[0] * j], frozenset(), VOCAB, "cpu")).sampled_token_ids[0]) for j in range(64)]
+        for seed_params in (params, other)}
+    assert draws[1234] != draws[1235]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.sample.sampler import Sampler
-from engine.sample.sampling_metadata import SamplingMetadata, make_generator
+from engine.sample.sampling_metadata import SamplingMetadata
 from engine.sampling_params import SamplingParams
 
 # Chi-square critical values at alpha = 1e-3 by degrees of freedom.
@@ -26,9 +26,9 @@ LOGITS = [math.log(p) + 1.7 for p in PROBS]  # shifted: only differences matter
 
 
 def build(params: list[SamplingParams], vocab_size: int,
-          generators: dict[int, torch.Generator] | None = None) -> SamplingMetadata:
+          outputs: list[list[int]] | None = None) -> SamplingMetadata:
     n = len(params)
-    return SamplingMetadata.build(params, [[0]] * n, [[]] * n, generators or {}, frozenset(), vocab_size, "cpu")
+    return SamplingMetadata.build(params, [[0]] * n, outputs or [[]] * n, frozenset(), vocab_size, "cpu")
 
 
 def draw(params: SamplingParams, logits: list[float], seed: int = 0) -> torch.Tensor:  # [vocab] counts
@@ -154,12 +154,13 @@ def test_seeded_request_is_independent_of_the_batch() -> None:
     target = SamplingParams(temperature=1.3, top_p=0.95, seed=1234)
 
     def run(batch_params: list[SamplingParams], row: int) -> list[int]:
-        generators = {i: make_generator(p.seed, "cpu") for i, p in enumerate(batch_params) if p.seed is not None}
-        tokens = []
-        for step_logits in steps:
+        tokens: list[int] = []
+        for step, step_logits in enumerate(steps):
             logits = torch.randn(len(batch_params), vocab, generator=gen)  # other rows: anything
             logits[row] = step_logits
-            out = Sampler()(logits, build(batch_params, vocab, generators))
+            # The target's outputs so far; the other rows are at other positions.
+            outputs = [list(tokens) if i == row else [1] * (3 * i + step) for i in range(len(batch_params))]
+            out = Sampler()(logits, build(batch_params, vocab, outputs))
             tokens.append(int(out.sampled_token_ids[row]))
         return tokens
 
@@ -212,8 +213,7 @@ def test_cuda_path_is_sync_free_and_agrees_with_cpu() -> None:
     logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)) * 4
 
     def run(dev: torch.device) -> torch.Tensor:
-        generators = {1: make_generator(17, dev)}
-        meta = SamplingMetadata.build(params, prompts, outputs, generators, frozenset({0}), vocab, dev)
+        meta = SamplingMetadata.build(params, prompts, outputs, frozenset({0}), vocab, dev)
         on_device = logits.to(dev)
         if dev.type == "cuda":
             torch.cuda.synchronize()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sample.sampling_metadata import SamplingMetadata, make_generator
+from engine.sample.sampling_metadata import SamplingMetadata, make_generator, position_seed
 from engine.sampling_params import SamplingParams
 
 VOCAB = 50
@@ -13,7 +13,6 @@ def build(
     params: list[SamplingParams],
     outputs: list[list[int]] | None = None,
     prompts: list[list[int]] | None = None,
-    generators: dict[int, torch.Generator] | None = None,
     eos: frozenset[int] = frozenset({0}),
     vocab_size: int = VOCAB,
 ) -> SamplingMetadata:
@@ -21,7 +20,6 @@ def build(
         params=params,
         prompt_token_ids=prompts if prompts is not None else [[1, 2, 3]] * len(params),
         output_token_ids=outputs if outputs is not None else [[]] * len(params),
-        generators=generators or {},
         eos_token_ids=eos,
         vocab_size=vocab_size,
         device="cpu",
@@ -40,13 +38,12 @@ def test_plain_greedy_batch_builds_no_tensors() -> None:
 
 
 def test_mixed_batch_greedy_rows_are_neutral() -> None:
-    gen = make_generator(5, "cpu")
     params = [
         SamplingParams(temperature=0.0, top_k=2, top_p=0.1, min_p=0.9),
         SamplingParams(temperature=0.5, top_k=7, seed=5),
         SamplingParams(temperature=2.0, top_p=0.8, min_p=0.1),
     ]
-    meta = build(params, generators={1: gen})
+    meta = build(params, outputs=[[], [4, 4, 4], []])
     assert not meta.all_greedy and not meta.all_random
     assert meta.is_greedy is not None and meta.is_greedy.tolist() == [True, False, False]
     assert meta.temperature is not None and meta.temperature.tolist() == [1.0, 0.5, 2.0]
@@ -54,7 +51,10 @@ def test_mixed_batch_greedy_rows_are_neutral() -> None:
     assert meta.max_top_k == 7
     assert meta.top_p is not None and meta.top_p.tolist() == pytest.approx([1.0, 1.0, 0.8])
     assert meta.min_p is not None and meta.min_p.tolist() == pytest.approx([0.0, 0.0, 0.1])
-    assert meta.generators == {1: gen}
+    # The seeded row's noise: seeded by its seed and the position it samples (its 4th output).
+    assert list(meta.generators) == [1]
+    expected = torch.rand(4, generator=make_generator(position_seed(5, 3), "cpu"))
+    assert torch.equal(torch.rand(4, generator=meta.generators[1]), expected)
 
 
 def test_top_k_disabled_values_and_clamping() -> None:
@@ -66,17 +66,23 @@ def test_top_k_disabled_values_and_clamping() -> None:
     assert meta.max_top_k == 9
 
 
-def test_seeded_random_row_needs_a_generator() -> None:
-    with pytest.raises(ValueError, match="generators"):
-        build([SamplingParams(), SamplingParams(seed=3)], generators={0: make_generator(1, "cpu")})
-    # A seeded greedy row never draws noise, so it needs no generator and keeps none.
-    meta = build([SamplingParams(temperature=0.0, seed=3)], generators={0: make_generator(3, "cpu")})
+def test_seeded_rows_get_a_generator_per_position() -> None:
+    # Two rows of one seeded request at consecutive positions (a verification step) draw
+    # different noise; the same position draws the same noise in any row of any batch.
+    params = [SamplingParams(seed=3), SamplingParams(seed=3), SamplingParams(), SamplingParams(seed=3)]
+    meta = build(params, outputs=[[7, 7], [7, 7, 9], [1], [8, 8]])
+    assert sorted(meta.generators) == [0, 1, 3]
+    first, second, again = (torch.rand(8, generator=meta.generators[row]) for row in (0, 1, 3))
+    assert not torch.equal(first, second) and torch.equal(first, again)
+    assert len({position_seed(3, n) for n in range(1000)} | {position_seed(4, n) for n in range(1000)}) == 2000
+    # A seeded greedy row never draws noise, so it gets no generator.
+    meta = build([SamplingParams(temperature=0.0, seed=3)])
     assert meta.generators == {}
 
 
 def test_rejects_mismatched_lengths_and_out_of_vocab_ids() -> None:
     with pytest.raises(ValueError, match="output_token_ids"):
-        SamplingMetadata.build([SamplingParams()], [[1]], [], {}, frozenset(), VOCAB, "cpu")
+        SamplingMetadata.build([SamplingParams()], [[1]], [], frozenset(), VOCAB, "cpu")
     with pytest.raises(ValueError, match="logit_bias"):
         build([SamplingParams(logit_bias={VOCAB: 1.0})])
     with pytest.raises(ValueError, match="stop_token_ids"):

@@ -68,7 +68,7 @@ def test_sampled_requests_run_with_drafts() -> None:
     # Sampling is lossless in distribution (tests/engine/sample/test_rejection_sampler.py), not
     # draw for draw: which drafts a request gets changes which random numbers it uses. So here:
     # requests finish with the asked length, and a fresh engine repeats a fresh engine's run (the
-    # engine's own seed; a request with a seed of its own gets no drafts, see below).
+    # engine's own seed; a request with a seed of its own repeats plain decoding exactly, below).
     # Adaptive speculation prices drafts by measured step times, so how many a request gets
     # depends on the machine's load: fixed-length drafting keeps the two runs comparable.
     params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=20, ignore_eos=True)
@@ -105,14 +105,22 @@ def test_reset_speculation_restores_a_fresh_engines_drafting() -> None:
 
 
 def test_seeded_sampled_requests_decode_as_without_speculation() -> None:
-    """The same seed gives the same text with and without speculation: a seeded sampled request
-    gets no drafts (how many it would get depends on the load); greedy and unseeded ones do."""
-    seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=24)
+    """The same seed gives the same text with and without speculation, alone or in a batch: a
+    seeded row samples with the noise of its seed and output position, and verification samples
+    every row as plain decoding would (accepting a draft when the sample equals it). The seeded
+    requests do get drafts, and accept some."""
+    prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[0]]
+    params = [SamplingParams(temperature=0.7, seed=11, max_tokens=24), SamplingParams(temperature=1.0, seed=5,
+              top_p=0.9, max_tokens=24, ignore_eos=True), SamplingParams(temperature=0.0, max_tokens=24)]
     plain = LLM(dtype="float32", kv_cache_memory="64MiB")
-    expected = plain.generate([PROMPTS[1]], seeded, use_tqdm=False)[0].token_ids
+    expected = [plain.generate([p], sp, use_tqdm=False)[0].token_ids for p, sp in zip(prompts, params)]
     llm = LLM(dtype="float32", speculative="suffix", num_speculative_tokens=4, adaptive_speculation=False,
               kv_cache_memory="64MiB")
-    assert llm.generate([PROMPTS[1]], seeded, use_tqdm=False)[0].token_ids == expected
-    assert llm.stats().spec_num_draft_tokens == 0
-    llm.generate([PROMPTS[1]], SamplingParams(temperature=1.0, max_tokens=24), use_tqdm=False)
-    assert llm.stats().spec_num_draft_tokens > 0  # "1, 2, 3, ..." repeats: unseeded requests draft
+    assert llm.generate([prompts[0]], params[0], use_tqdm=False)[0].token_ids == expected[0]
+    before = llm.stats()
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+    after = llm.stats()
+    assert after.spec_num_accepted_tokens > before.spec_num_accepted_tokens
+    # The test can fail: another seed writes something else.
+    other = llm.generate([prompts[1]], params[1].clone(seed=6), use_tqdm=False)[0].token_ids
+    assert other != expected[1]
