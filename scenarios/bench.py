@@ -5,7 +5,7 @@
     python -m scenarios.bench --systems llama.cpp --levels 1,2 --durations 20,20   # a quick look
     python -m scenarios.bench --report-only runs/bench/20261129-2300 --write-docs  # redraw from results
 
-Systems, one after the other (never two at once, so each has the machine's cores):
+Systems, never two at once (each has the machine's cores), taking turns level by level:
   draftgate            `draftgate serve --speculative none`
   draftgate+spec       `--speculative hybrid`: what `draftgate serve` runs by default for the embedded
                        model (the shipped EAGLE head and suffix drafting, per request and step
@@ -13,10 +13,16 @@ Systems, one after the other (never two at once, so each has the machine's cores
   llama.cpp            C++ `llama-server` built from the llama-cpp-python sdist (scenarios/llama_cpp.py),
                        restarted per level with --parallel = the level's users
 
-For each system and level, Locust runs the agent tool-loop scenario closed-loop with that many
-users (sessions) for the level's duration; then one run of the whole scenario mix (agent, IDE
-with cancellations, RAG, chat). Every level uses its own seed, so no level is served from the
-cache of another, and each system sees the same request sequences. Raw samples, Locust's CSV and
+For each level, every system in turn (the order rotates from level to level, so nobody always
+goes first), Locust runs the agent tool-loop scenario closed-loop with that many users
+(sessions) for the level's duration; then one run of the whole scenario mix (agent, IDE with
+cancellations, RAG, chat), again every system in turn. The systems of one level thus run within
+minutes of each other: this machine's speed drifts by tens of percent over tens of minutes, and
+running each system through all its levels before the next made that drift part of the
+comparison. draftgate's servers stay up (idle, they use no CPU) and keep their caches across
+levels; llama.cpp's is restarted per level (its slots are fixed at start). Every level uses its
+own seed, so no level is served from the cache of another, and each system sees the same request
+sequences. Raw samples, Locust's CSV and
 HTML reports and results.json land in runs/bench/<timestamp>/; the table and plots are made by
 scenarios/bench_report.py. Only HTTP and processes: nothing of engine/ or gateway/ is imported.
 """
@@ -214,28 +220,63 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
-def run_system(spec: SystemSpec, args: argparse.Namespace, gguf: str, out: Path) -> list[LevelResult]:
+class Servers:
+    """The systems' servers: a draftgate server is started once and kept (its caches warm across
+    levels, like a real server's); llama.cpp's is started per level with --parallel = the users."""
+
+    def __init__(self, args: argparse.Namespace, gguf: str, out: Path) -> None:
+        self.args, self.gguf, self.out = args, gguf, out
+        self.running: dict[str, tuple[Server, int]] = {}  # system -> (server, the users it was started for)
+
+    def get(self, spec: SystemSpec, users: int) -> Server:
+        have = self.running.get(spec.name)
+        if have is not None and (spec.kind == "draftgate" or have[1] == users):
+            return have[0]
+        if have is not None:
+            have[0].stop()
+            del self.running[spec.name]
+        server = start_server(spec, users, self.args.threads, self.gguf, self.out)
+        self.running[spec.name] = (server, users)
+        return server
+
+    def release(self, spec: SystemSpec) -> None:
+        """llama.cpp's server is not kept past its level (its memory and threads are its level's)."""
+        if spec.kind == "llama.cpp" and spec.name in self.running:
+            self.running.pop(spec.name)[0].stop()
+
+    def stop_all(self) -> None:
+        for server, _ in self.running.values():
+            server.stop()
+        self.running.clear()
+
+
+def rotated(specs: list[SystemSpec], turn: int) -> list[SystemSpec]:
+    """The systems in this turn's order: each level starts with the next system."""
+    shift = turn % len(specs)
+    return specs[shift:] + specs[:shift]
+
+
+def run_levels(specs: list[SystemSpec], args: argparse.Namespace, gguf: str, out: Path) -> list[LevelResult]:
+    """Every level, then the mix, each run by every system in turn."""
     results: list[LevelResult] = []
     extra = [*args.locust_arg]
-    server: Server | None = None
+    servers = Servers(args, gguf, out)
     try:
+        turn = 0
         for users, seconds in zip(args.levels, args.durations):
-            if spec.kind == "llama.cpp" or server is None:
-                if server is not None:
-                    server.stop()  # llama.cpp's slots are fixed at start: one server per level
-                server = start_server(spec, users, args.threads, gguf, out)
-            results.append(measure(spec, server, "agent", users, seconds, "agent=1", args.seed + users, out, extra))
+            for spec in rotated(specs, turn):
+                server = servers.get(spec, users)
+                results.append(measure(spec, server, "agent", users, seconds, "agent=1", args.seed + users, out, extra))
+                servers.release(spec)
+            turn += 1
         if args.mix_seconds > 0:
-            if spec.kind == "llama.cpp":
-                assert server is not None
-                server.stop()
-                server = start_server(spec, args.mix_users, args.threads, gguf, out)
-            assert server is not None
-            results.append(measure(spec, server, MIX_LABEL, args.mix_users, args.mix_seconds, args.mix,
-                                   args.seed + 1000, out, extra))
+            for spec in rotated(specs, turn):
+                server = servers.get(spec, args.mix_users)
+                results.append(measure(spec, server, MIX_LABEL, args.mix_users, args.mix_seconds, args.mix,
+                                       args.seed + 1000, out, extra))
+                servers.release(spec)
     finally:
-        if server is not None:
-            server.stop()
+        servers.stop_all()
     return results
 
 
@@ -289,10 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         command = "python -m scenarios.bench" + (" " + shlex.join(argv) if argv else "")
         machine = machine_description(args.threads)
         started = time.time()
-        levels: list[LevelResult] = []
         for spec in specs:
             print(f"{spec.name}: {' '.join(spec.server_args) or '(defaults)'}", flush=True)
-            levels += run_system(spec, args, gguf, out)
+        levels = run_levels(specs, args, gguf, out)
         results = BenchResults(command=command, machine=machine, started=started, finished=time.time(),
                                load_average=os.getloadavg(),
                                systems={spec.name: describe(spec, args.threads) for spec in specs},

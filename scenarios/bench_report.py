@@ -205,7 +205,8 @@ def render(results: BenchResults, docs_dir: Path) -> str:
         f"Machine: {results.machine}. Measured {time.strftime('%Y-%m-%d %H:%M', time.localtime(results.started))}, "
         f"{minutes:.0f} min; load average when it ended {one:.1f} / {five:.1f} / {fifteen:.1f} (1/5/15 min: other "
         "work on the machine makes every figure slower and noisier).", "",
-        "Systems, run one after the other on the same GGUF (the embedded SmolLM2-135M-Instruct, Q4_1):", "",
+        "Systems, on the same GGUF (the embedded SmolLM2-135M-Instruct, Q4_1), never two at once; level by level "
+        "each system in turn, the order rotating from level to level:", "",
     ]
     lines += [f"- **{name}**: `{how}`" for name, how in results.systems.items()]
     lines += [
