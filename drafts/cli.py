@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--unroll", type=int, default=2, choices=(1, 2),
                          help="EAGLE head: training passes (2 also trains from its own predicted states)")
     distill.add_argument("--init-checkpoint", default=None,
-                         help="take the layers from this model instead (same tokenizer, e.g. Qwen3-0.6B)")
+                         help="take the layers from this model instead (same tokenizer, e.g. Qwen3-0.6B); "
+                              "with --eagle, an exported EAGLE head to train further")
     distill.add_argument("--no-shared-embedding", action="store_true",
                          help="train the draft's own embedding and head instead of borrowing the target's")
     distill.add_argument("--draft-vocab-size", type=int, default=None, help="reduced output vocabulary (default: full)")

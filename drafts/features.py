@@ -44,31 +44,43 @@ class FeatureCache(WindowProgress):
     @torch.no_grad()
     def precompute(self, target: TrainableLlama, *, batch_size: int, device: torch.device,
                    autocast_dtype: torch.dtype | None, progress: bool = True) -> None:
-        """Fills the cache (resuming after the last recorded window)."""
+        """Fills the cache (resuming after the last recorded window). With a teacher top-k cache
+        to fill too, TeacherCache.precompute(..., features=this) does both in one target pass."""
         done = self.windows_done
         if done >= self.corpus.num_windows:
             return
-        os.makedirs(self.folder, exist_ok=True)
-        features = self._open("r+" if done > 0 and os.path.isfile(self._path) else "w+")
+        self.begin()
         with tqdm(total=self.corpus.num_windows, initial=done, desc="target features", unit="window",
                   disable=not progress) as bar:
             for start in range(done, self.corpus.num_windows, batch_size):
                 indices = list(range(start, min(start + batch_size, self.corpus.num_windows)))
                 input_ids, lengths = pad_windows(self.corpus, indices, device)
                 with autocast_context(device, autocast_dtype):
-                    hidden = target(input_ids).float()  # [batch, seq, hidden]
-                peak = float(hidden.abs().max())
-                if not peak < FLOAT16_MAX:
-                    raise ValueError(f"target hidden states reach {peak:g} in windows {indices[0]}..{indices[-1]}: "
-                                     f"they do not fit float16")
-                rows = hidden.cpu().numpy().astype(np.float16)
-                for row, (index, length) in enumerate(zip(indices, lengths)):
-                    begin = int(self.corpus.window_starts[index])
-                    features[begin: begin + length] = rows[row, :length]
-                features.flush()
-                self._write_progress(indices[-1] + 1)
+                    hidden = target(input_ids)  # [batch, seq, hidden]
+                self.write(indices, lengths, hidden)
                 bar.update(len(indices))
         self._open("r")
+
+    def begin(self) -> None:
+        """Opens the cache for writing the windows after windows_done."""
+        os.makedirs(self.folder, exist_ok=True)
+        self._open("r+" if self.windows_done > 0 and os.path.isfile(self._path) else "w+")
+
+    def write(self, indices: list[int], lengths: list[int], hidden: torch.Tensor) -> None:
+        """Stores the states of consecutive windows (hidden [batch, seq, hidden]) and records them
+        as done (after the rows are flushed)."""
+        assert self._features is not None, "begin() first"
+        hidden = hidden.float()
+        peak = float(hidden.abs().max())
+        if not peak < FLOAT16_MAX:
+            raise ValueError(f"target hidden states reach {peak:g} in windows {indices[0]}..{indices[-1]}: "
+                             f"they do not fit float16")
+        rows = hidden.cpu().numpy().astype(np.float16)
+        for row, (index, length) in enumerate(zip(indices, lengths)):
+            begin = int(self.corpus.window_starts[index])
+            self._features[begin: begin + length] = rows[row, :length]
+        self._features.flush()
+        self._write_progress(indices[-1] + 1)
 
     def windows(self, window_indices: list[int], seq: int) -> torch.Tensor:
         """[batch, seq, hidden] float32 features of the windows, zero-padded on the right."""

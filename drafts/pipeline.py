@@ -16,6 +16,7 @@ import torch
 
 from engine.model.loader import load_model
 from engine.model.resolve import resolve_model
+from engine.spec_decode.draft_model import load_draft_model
 
 from drafts.checkpoint import DraftMeta, load_checkpoint
 from drafts.data.corpus import Corpus
@@ -56,8 +57,8 @@ class DistillOptions:
     unroll: int = 2  # an EAGLE head's training passes (2: also from its own predicted states)
 
     def __post_init__(self) -> None:
-        if self.eagle and (self.init_checkpoint is not None or not self.shared_embedding):
-            raise ValueError("an EAGLE head starts from a target layer and shares the target's embedding and head")
+        if self.eagle and not self.shared_embedding:
+            raise ValueError("an EAGLE head shares the target's embedding and head")
         if self.teacher not in ("precompute", "online"):
             raise ValueError(f"teacher must be 'precompute' or 'online', got {self.teacher!r}")
         if self.top_k < 1:
@@ -99,8 +100,12 @@ def build_draft(options: DistillOptions, target: Target, corpus: Corpus) -> tupl
                 raise ValueError(f"an EAGLE head has one layer: --layers names one target layer, "
                                  f"got {options.layers!r}") from None
         draft = init_eagle(target, layer_ids[0], vocab_ids)
+        source = "target"
+        if options.init_checkpoint is not None and payload is None:
+            _warm_start_eagle(draft, options.init_checkpoint, target)
+            source = options.init_checkpoint
         meta = DraftMeta(target=target.name, arch=draft.arch, shared_embedding=True, layer_ids=list(layer_ids),
-                         vocab_ids=vocab_ids, init_source="target", kind="eagle")
+                         vocab_ids=vocab_ids, init_source=source, kind="eagle")
         return draft, meta
     if options.init_checkpoint is None:
         layer_ids = layer_ids or parse_layer_ids(options.layers or "3", target.arch.num_hidden_layers)
@@ -119,6 +124,20 @@ def build_draft(options: DistillOptions, target: Target, corpus: Corpus) -> tupl
     return draft, meta
 
 
+def _warm_start_eagle(head: TrainableEagle, folder: str, target: Target) -> None:
+    """Continues an exported EAGLE head (its layer, norm and fc; the vocabulary may differ: the
+    output rows are the target's head either way), e.g. to train it further on more data."""
+    source = load_draft_model(folder, target.engine_model, target.arch, torch.float32, target.device)
+    if source.fc_weight is None:
+        raise ValueError(f"--init-checkpoint {folder!r} with --eagle must be an exported EAGLE head")
+    params = dict(source.model.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, param in head.layers[0].named_parameters():
+            param.copy_(params[f"layers.0.{name}"])
+        head.norm.weight.copy_(source.model.norm.weight)
+        head.fc.weight.copy_(source.fc_weight)
+
+
 def run_distillation(options: DistillOptions, *, progress: bool = True) -> Distiller:
     device = pick_device(options.device)
     corpus = Corpus.load(options.data_dir)
@@ -128,9 +147,11 @@ def run_distillation(options: DistillOptions, *, progress: bool = True) -> Disti
     teacher_model = wrap_engine_model(target.engine_model)
     online = OnTheFlyTeacher(teacher_model, options.top_k, autocast_dtype=autocast_dtype)
     teacher: TeacherSource = online
+    features = FeatureCache(options.data_dir, corpus, target.arch.hidden_size, target.name) if options.eagle else None
     if options.teacher == "precompute":
         cache = TeacherCache(options.data_dir, corpus, options.top_k, target.name)
-        cache.precompute(online, batch_size=options.teacher_batch_size, device=device)
+        # An EAGLE head needs the target's states too: the same forward fills both caches.
+        cache.precompute(online, batch_size=options.teacher_batch_size, device=device, features=features)
         teacher = cache
     draft, meta = build_draft(options, target, corpus)
     os.makedirs(options.run_dir, exist_ok=True)
@@ -138,8 +159,7 @@ def run_distillation(options: DistillOptions, *, progress: bool = True) -> Disti
         json.dump({**asdict(options), "layer_ids": meta.layer_ids,
                    "num_trainable_params": sum(p.numel() for p in draft.parameters() if p.requires_grad)}, f, indent=2)
     mapping = None if meta.vocab_ids is None else target_to_draft_map(meta.vocab_ids.to(device), target.arch.vocab_size)
-    if options.eagle:
-        features = FeatureCache(options.data_dir, corpus, target.arch.hidden_size, target.name)
+    if features is not None:
         features.precompute(teacher_model, batch_size=options.teacher_batch_size, device=device,
                             autocast_dtype=autocast_dtype, progress=progress)
         distiller: Distiller = EagleDistiller(draft, teacher, corpus, options.train, options.run_dir, meta,

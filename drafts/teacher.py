@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import nullcontext
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from tqdm import tqdm
 from drafts.data.corpus import Corpus
 from drafts.loss import teacher_topk
 from drafts.model import TrainableLlama
+
+if TYPE_CHECKING:
+    from drafts.features import FeatureCache
 
 
 class TeacherSource(Protocol):
@@ -53,6 +56,12 @@ class OnTheFlyTeacher:
 
     @torch.no_grad()
     def targets(self, window_indices: list[int], input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, logprobs, _ = self.targets_and_states(input_ids)
+        return ids, logprobs
+
+    @torch.no_grad()
+    def targets_and_states(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(top-k ids, their log-probs, the final-norm states [batch, seq, hidden] they come from)."""
         device = input_ids.device
         with autocast_context(device, self.autocast_dtype):
             hidden = self.model(input_ids)  # [batch, seq, hidden]
@@ -65,7 +74,7 @@ class OnTheFlyTeacher:
             ids.append(chunk_ids)
             logprobs.append(chunk_lp)
         shape = (*input_ids.shape, -1)
-        return torch.cat(ids).view(shape), torch.cat(logprobs).view(shape)
+        return torch.cat(ids).view(shape), torch.cat(logprobs).view(shape), hidden
 
 
 class WindowProgress:
@@ -121,13 +130,20 @@ class TeacherCache(WindowProgress):
             self._ids = np.load(self._ids_path, mmap_mode=mode)
             self._logprobs = np.load(self._lp_path, mmap_mode=mode)
 
-    def precompute(self, teacher: OnTheFlyTeacher, *, batch_size: int, device: torch.device) -> None:
-        """Fills the cache (resuming after the last recorded window)."""
+    def precompute(self, teacher: OnTheFlyTeacher, *, batch_size: int, device: torch.device,
+                   features: FeatureCache | None = None) -> None:
+        """Fills the cache (resuming after the last recorded window). features: a target-state
+        cache (EAGLE training) that, when it stands where this one does, is filled in the same
+        pass: both come from one forward of the target, which is most of either's cost."""
         if teacher.top_k != self.top_k:
             raise ValueError(f"teacher top_k {teacher.top_k} != cache top_k {self.top_k}")
         done = self.windows_done
         if done >= self.corpus.num_windows:
             return
+        if features is not None and (features.complete or features.windows_done != done):
+            features = None  # apart (one was resumed alone): each fills its own windows
+        if features is not None:
+            features.begin()
         self._open("r+" if done > 0 and os.path.isfile(self._ids_path) else "w+")
         assert self._ids is not None and self._logprobs is not None
         # Windows in corpus order: progress means "every window below windows_done is written".
@@ -135,7 +151,9 @@ class TeacherCache(WindowProgress):
             for start in range(done, self.corpus.num_windows, batch_size):
                 indices = list(range(start, min(start + batch_size, self.corpus.num_windows)))
                 input_ids, lengths = pad_windows(self.corpus, indices, device)
-                ids, logprobs = teacher.targets(indices, input_ids)
+                ids, logprobs, hidden = teacher.targets_and_states(input_ids)
+                if features is not None:
+                    features.write(indices, lengths, hidden)
                 for row, (index, length) in enumerate(zip(indices, lengths)):
                     begin = int(self.corpus.window_starts[index])
                     self._ids[begin: begin + length] = ids[row, :length].cpu().numpy().astype(np.int32)

@@ -64,6 +64,30 @@ def test_feature_cache_holds_the_target_states_and_resumes(tiny_target: Target, 
     torch.testing.assert_close(again.windows(indices, input_ids.shape[1]), stored)
 
 
+def test_one_target_pass_fills_the_teacher_and_state_caches(tiny_target: Target, tmp_path: Path) -> None:
+    """TeacherCache.precompute(features=...) stores what the two separate passes store."""
+    from drafts.teacher import TeacherCache
+    apart = _features(tiny_target, tmp_path / "apart")
+    corpus = apart.corpus
+    teacher = OnTheFlyTeacher(wrap_engine_model(tiny_target.engine_model), top_k=8, autocast_dtype=None)
+    apart_top = TeacherCache(str(tmp_path / "apart"), corpus, 8, tiny_target.name)
+    apart_top.precompute(teacher, batch_size=5, device=torch.device("cpu"))
+    states = FeatureCache(str(tmp_path / "one"), corpus, tiny_target.arch.hidden_size, tiny_target.name)
+    top = TeacherCache(str(tmp_path / "one"), corpus, 8, tiny_target.name)
+    top.precompute(teacher, batch_size=5, device=torch.device("cpu"), features=states)
+    assert states.complete and top.complete
+    indices = list(range(corpus.num_windows))
+    input_ids, _ = pad_windows(corpus, indices, torch.device("cpu"))
+    torch.testing.assert_close(states.windows(indices, input_ids.shape[1]), apart.windows(indices, input_ids.shape[1]))
+    for got, want in zip(top.targets(indices, input_ids), apart_top.targets(indices, input_ids)):
+        torch.testing.assert_close(got, want)
+    # Apart (the state cache ahead of the teacher's): the teacher pass leaves it alone.
+    again = FeatureCache(str(tmp_path / "again"), corpus, tiny_target.arch.hidden_size, tiny_target.name)
+    TeacherCache(str(tmp_path / "again"), corpus, 8, tiny_target.name).precompute(
+        teacher, batch_size=5, device=torch.device("cpu"), features=_features(tiny_target, tmp_path / "again"))
+    assert again.complete
+
+
 def test_head_learns_and_resumes(tiny_target: Target, tmp_path: Path) -> None:
     features = _features(tiny_target, tmp_path / "data")
     config = TrainConfig(steps=40, batch_size=4, lr=3e-3, warmup_steps=4, checkpoint_every=100, log_every=10)
@@ -92,6 +116,18 @@ def test_exported_head_loads_in_the_engine(tiny_target: Target, tmp_path: Path) 
     assert loaded.fc_weight is not None
     torch.testing.assert_close(loaded.fc_weight, distiller.draft.fc.weight.detach())
     assert loaded.arch.num_hidden_layers == 1
+    # --init-checkpoint with --eagle: a new head (another draft vocabulary) continues this one's
+    # layer, norm and fc exactly.
+    from drafts.pipeline import _warm_start_eagle
+    other_vocab = torch.tensor(sorted(set(range(1, 259, 3)) | {256, 257, 258}))
+    continued = init_eagle(tiny_target, 0, other_vocab)
+    _warm_start_eagle(continued, str(tmp_path / "head"), tiny_target)
+    trained = dict(distiller.draft.named_parameters())
+    for name, param in continued.named_parameters():
+        if name.startswith(("layers.", "norm.", "fc.")):
+            torch.testing.assert_close(param, trained[name].detach(), msg=name)
+    assert not torch.equal(continued.layers[0].self_attn.qkv_proj.weight,
+                           init_eagle(tiny_target, 0, other_vocab).layers[0].self_attn.qkv_proj.weight)
 
 
 def test_eval_replays_the_head_through_the_engine(tiny_target: Target, tmp_path: Path) -> None:
