@@ -19,8 +19,8 @@ path: accept while d_j equals the argmax.
 Deterministic proposers (suffix matching, greedy drafting) have q_j one-hot at d_j: acceptance
 is then p_j(d_j) and the residual is p_j without d_j. That is exactly what sampling x_j from p_j
 and accepting while x_j == d_j does (P(x_j = d_j) = p_j(d_j), and an x_j that differs is p_j
-conditioned on not being d_j), so one-hot drafts are verified that way: every row is sampled as
-plain decoding would sample it, with the same noise (a seeded row's noise depends on its seed and
+conditioned on not being d_j), so one-hot drafts are verified that way: row by row up to the
+first mismatch, each sampled as plain decoding would sample it, with the same noise (a seeded row's noise depends on its seed and
 output position only, sampling_metadata.position_seed). A seeded request therefore emits the very
 tokens it would without drafts, however many drafts it got: speculation changes its speed, not
 its text.
@@ -69,12 +69,11 @@ class RejectionSampler:
         probs = None if meta.all_greedy else self.sampler.compute_probs(logits, meta)  # [num_rows, vocab]
 
         emitted: list[list[int]] = []
-        # Rows still to sample by the exponential race: every row of a random request with one-hot
-        # drafts (coupled), or the residual or bonus row of one with drafted distributions.
-        race_rows: list[torch.Tensor] = []
-        race_generators: dict[int, torch.Generator] = {}
-        coupled: list[tuple[int, int]] = []  # (request index, its first row in race_rows)
-        residual_owner: list[tuple[int, int]] = []  # (request index, its row in race_rows)
+        coupled: list[int] = []  # random requests with one-hot drafts
+        # Residual or bonus rows of requests with drafted distributions, sampled together.
+        residual_rows: list[torch.Tensor] = []
+        residual_generators: dict[int, torch.Generator] = {}
+        residual_owner: list[int] = []
         for index, request in enumerate(requests):
             drafts, row = request.draft_token_ids, request.first_row
             if request.greedy:
@@ -84,30 +83,23 @@ class RejectionSampler:
                 emitted.append(drafts[:accepted] + [target_argmax[row + accepted]])
                 continue
             assert probs is not None
-            emitted.append([])
             if request.draft_probs is None:
-                coupled.append((index, len(race_rows)))
-                for j in range(len(drafts) + 1):
-                    if (generator := meta.generators.get(row + j)) is not None:
-                        race_generators[len(race_rows)] = generator
-                    race_rows.append(probs[row + j])
+                emitted.append([])
+                coupled.append(index)
                 continue
             accepted, residual = self._accept(probs, request, meta.generators.get(row))
-            emitted[-1] = drafts[:accepted]
+            emitted.append(drafts[:accepted])
             if (generator := meta.generators.get(row + accepted)) is not None:
-                race_generators[len(race_rows)] = generator
-            residual_owner.append((index, len(race_rows)))
-            race_rows.append(residual)
-        if race_rows:
-            samples = exponential_race(torch.stack(race_rows), race_generators).tolist()
-            for index, first in coupled:
-                drafts = requests[index].draft_token_ids
-                accepted = 0
-                while accepted < len(drafts) and samples[first + accepted] == drafts[accepted]:
-                    accepted += 1
-                emitted[index] = drafts[:accepted] + [samples[first + accepted]]
-            for index, at in residual_owner:
-                emitted[index].append(samples[at])
+                residual_generators[len(residual_rows)] = generator
+            residual_owner.append(index)
+            residual_rows.append(residual)
+        if coupled:
+            assert probs is not None
+            self._sample_coupled(probs, meta, requests, coupled, emitted)
+        if residual_rows:
+            samples = exponential_race(torch.stack(residual_rows), residual_generators).tolist()
+            for index, token in zip(residual_owner, samples):
+                emitted[index].append(token)
 
         if logprobs is None:
             return emitted, None
@@ -126,6 +118,27 @@ class RejectionSampler:
             grouped.append(entries[position : position + len(tokens)])
             position += len(tokens)
         return emitted, grouped
+
+    @staticmethod
+    def _sample_coupled(probs: torch.Tensor, meta: SamplingMetadata, requests: list[VerifyRequest],
+                        indices: list[int], emitted: list[list[int]]) -> None:
+        """One-hot drafts: position by position, sample the row of every request still accepting
+        (as plain decoding samples it, with its row's generator) and keep going while the sample
+        is the draft. Only the rows up to each request's first mismatch are sampled."""
+        active = list(indices)
+        j = 0
+        while active:
+            rows = [requests[index].first_row + j for index in active]
+            generators = {i: g for i, row in enumerate(rows) if (g := meta.generators.get(row)) is not None}
+            samples = exponential_race(probs[rows], generators).tolist()  # probs[rows] is a copy
+            still = []
+            for index, token in zip(active, samples):
+                emitted[index].append(token)
+                drafts = requests[index].draft_token_ids
+                if j < len(drafts) and token == drafts[j]:
+                    still.append(index)
+            active = still
+            j += 1
 
     @staticmethod
     def _accept(probs: torch.Tensor, request: VerifyRequest,
