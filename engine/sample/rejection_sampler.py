@@ -20,10 +20,10 @@ Deterministic proposers (suffix matching, greedy drafting) have q_j one-hot at d
 is then p_j(d_j) and the residual is p_j without d_j. That is exactly what sampling x_j from p_j
 and accepting while x_j == d_j does (P(x_j = d_j) = p_j(d_j), and an x_j that differs is p_j
 conditioned on not being d_j), so one-hot drafts are verified that way: row by row up to the
-first mismatch, each sampled as plain decoding would sample it, with the same noise (a seeded row's noise depends on its seed and
-output position only, sampling_metadata.position_seed). A seeded request therefore emits the very
-tokens it would without drafts, however many drafts it got: speculation changes its speed, not
-its text.
+first mismatch, each sampled as plain decoding would sample it, with the same noise (a seeded
+row's noise depends on its seed and output position only, sampling_metadata.position_seed). A
+seeded request therefore emits the very tokens it would without drafts, however many drafts it
+got: speculation changes its speed, not its text.
 """
 
 from __future__ import annotations

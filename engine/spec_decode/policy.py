@@ -62,14 +62,8 @@ def break_even_gain(step_seconds: float, batch_size: int, token_seconds: float) 
 
 def worth(candidate: Candidate, step_seconds: float, batch_size: int) -> tuple[int, float]:
     """(tokens that break even, their summed net gain in tokens) for one candidate."""
-    threshold = break_even_gain(step_seconds, batch_size, candidate.token_seconds)
-    count, value = 0, 0.0
-    for gain in candidate.gains:
-        if gain < threshold or gain <= 0:
-            break
-        count += 1
-        value += gain - threshold
-    return count, value
+    option = _option(candidate, step_seconds, batch_size)
+    return option.count, option.net[-1]
 
 
 def plan_drafts(candidates: list[Candidate], *, step_seconds: float, batch_size: int,
@@ -89,13 +83,16 @@ class _Option:
 
 
 def _option(candidate: Candidate, step_seconds: float, batch_size: int) -> _Option:
+    """Its tokens while each breaks even (gains never increase, so the first that does not ends
+    them), with running sums of net gain and gain."""
     threshold = break_even_gain(step_seconds, batch_size, candidate.token_seconds)
-    count = worth(candidate, step_seconds, batch_size)[0]
     net, gained = [0.0], [0.0]
-    for gain in candidate.gains[:count]:
+    for gain in candidate.gains:
+        if gain < threshold or gain <= 0:
+            break
         net.append(net[-1] + gain - threshold)
         gained.append(gained[-1] + gain)
-    return _Option(candidate, count, net, gained)
+    return _Option(candidate, len(net) - 1, net, gained)
 
 
 def plan_step(options: list[list[Candidate]], *, step_seconds: float, batch_size: int,
@@ -107,7 +104,8 @@ def plan_step(options: list[list[Candidate]], *, step_seconds: float, batch_size
     max_depth = max((o.count for per_request in priced for o in per_request if o.candidate.method == "draft"),
                     default=0)
     run = draft_run if draft_run is not None else DraftRun(0.0, 0.0)
-    best_plan, best_rate = None, -1.0
+    best_plan: list[tuple[_Option, int]] = []
+    best_rate = -1.0
     for depth in range(max_depth + 1):
         plan = _plan_at_depth(priced, depth)
         if step_seconds <= 0:  # nothing measured: every token looks free, the deepest plan wins
@@ -120,8 +118,7 @@ def plan_step(options: list[list[Candidate]], *, step_seconds: float, batch_size
         rate = (batch_size + gained) / (step_seconds + extra)
         if rate > best_rate * (1 + 1e-12):
             best_plan, best_rate = plan, rate
-    assert best_plan is not None or not options
-    return {o.candidate.req_id: (o.candidate, count) for o, count in (best_plan or [])}
+    return {o.candidate.req_id: (o.candidate, count) for o, count in best_plan}
 
 
 def _plan_at_depth(priced: list[list[_Option]], depth: int) -> list[tuple[_Option, int]]:
