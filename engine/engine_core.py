@@ -227,6 +227,7 @@ class EngineCore:
             spec_accepted_per_pos=s.spec_accepted_per_pos,
             spec_drafted_per_pos=s.spec_drafted_per_pos,
             spec_proposer_seconds=self.runner.spec.proposer_seconds if self.runner.spec is not None else 0.0,
+            spec_num_accepted_alternatives=self.runner.num_accepted_alternatives,
             runner_seconds=self.runner.step_seconds,
             num_retained_sessions=retention.num_sessions,
             num_retained_blocks=retention.num_pinned_blocks,

@@ -115,6 +115,9 @@ class EngineStats(msgspec.Struct):
     spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)
     spec_drafted_per_pos: list[int] = msgspec.field(default_factory=list)
     spec_proposer_seconds: float = 0.0  # time spent proposing (draft model or suffix)
+    # First drafts the target rejected for one of the draft's runners-up (each also counted as
+    # an accepted token at position 0, and bringing a bonus token; engine/worker/alternatives.py).
+    spec_num_accepted_alternatives: int = 0
     runner_seconds: float = 0.0  # time in the model runner, proposing included
 
 

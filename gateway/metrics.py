@@ -67,6 +67,9 @@ class _EngineStatsCollector(Collector):
         yield per_pos
         yield counter("draftgate:spec_decode_proposer_seconds", "Time spent proposing drafts.",
                       stats.spec_proposer_seconds)
+        yield counter("draftgate:spec_decode_num_accepted_alternatives",
+                      "First drafts rejected for one of the draft model's runners-up, which the target took.",
+                      stats.spec_num_accepted_alternatives)
         yield gauge("draftgate:gateway_waiting_requests", "Requests admitted by the gateway, no output yet.",
                     self._metrics.gateway_waiting)
         yield gauge("draftgate:retained_sessions", "Agent sessions whose KV blocks are kept while their tool runs.",

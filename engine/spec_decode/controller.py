@@ -22,6 +22,12 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
   probes with one every PROBE_EVERY steps, so its estimate can recover when its text turns
   predictable (a probe is always allowed: without it an estimate could never recover).
+- Alternatives (a draft model that can name runners-up for its first token; verified by
+  engine/worker/alternatives.py in two rows each): the r-th runner-up gains a token when the
+  target's token is exactly it, which happens at a pooled, decaying rate per rank; it is asked for
+  while that rate pays for its two rows at break-even (a pooled rank that stopped paying is
+  probed once every PROBE_EVERY draft steps). What the paying ones net is added to the first
+  draft's gain, so a draft run can pay through its alternatives.
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
   when it drafts again (draft_model.py), so a switched-off draft costs nothing.
 
@@ -35,7 +41,7 @@ from dataclasses import dataclass
 
 from engine.config import SpeculativeConfig
 from engine.spec_decode.cost_model import DraftCostModel, StepCostModel
-from engine.spec_decode.policy import Candidate, DraftRun, plan_step
+from engine.spec_decode.policy import Candidate, DraftRun, break_even_gain, plan_step
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
@@ -44,6 +50,8 @@ POOLED_DECAY = 0.95  # the same for the estimate pooled over all requests (a new
 PRIOR_TRIALS = 2.0  # weight, in trials, of the prior a new request starts from
 MAX_ACCEPTANCE = 0.99  # a draft is never sure: keeps p^j decreasing
 PROBE_EVERY = 16  # steps between single-draft probes of a request left without drafts
+MAX_ALTERNATIVES = 3  # runners-up for a first draft at most (top-4 covers most of the head's hits)
+ALTERNATIVE_PRIOR = 0.1  # a rank's hit rate before any was verified
 
 
 @dataclass
@@ -81,6 +89,10 @@ class SpeculationController:
         self.cost = StepCostModel()
         self.draft_cost = DraftCostModel()
         self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}
+        # Per rank of runner-up: how often the target's token was exactly it (pooled).
+        self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
+                                  for _ in range(MAX_ALTERNATIVES)]
+        self._alternative_steps = 0  # draft steps, for probing ranks that stopped paying
 
     @property
     def max_drafts(self) -> int:
@@ -99,6 +111,16 @@ class SpeculationController:
             return
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
         self._pooled[method].update(num_drafted, num_accepted, POOLED_DECAY)
+
+    def record_alternatives(self, alternatives: list[int], target_token: int) -> None:
+        """The runners-up verified last step and the target's own token at their position."""
+        for rank, token in enumerate(alternatives):
+            estimate = self._alternative_hits[rank]
+            estimate.accepted = POOLED_DECAY * estimate.accepted + (token == target_token)
+            estimate.trials = POOLED_DECAY * estimate.trials + 1
+
+    def alternative_hit_rates(self) -> list[float]:
+        return [estimate.p for estimate in self._alternative_hits]
 
     def acceptance(self, req_id: str, method: str) -> float:
         return self._estimate(req_id, method).p
@@ -119,8 +141,9 @@ class SpeculationController:
         started = time.perf_counter()
         method = self.config.method
         suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
+        alternatives = self._alternatives_to_ask(requests, batch_size)
         if self.config.adaptive:
-            chosen = self._plan(requests, suffix, batch_size)
+            chosen = self._plan(requests, suffix, batch_size, alternatives)
         else:  # everything, always: suffix where it has a proposal, else the draft model
             chosen = {r.req_id: ("suffix" if method == "suffix" or (method == "hybrid" and suffix[r.req_id].token_ids)
                                  else "draft", r.num_drafts) for r in requests}
@@ -129,8 +152,10 @@ class SpeculationController:
         for request in requests:
             which, count = chosen[request.req_id]
             request.num_drafts = count
+            request.num_alternatives = 0
             self._method[request.req_id] = which
             if which == "draft" and count > 0:
+                request.num_alternatives = len(alternatives.get(request.req_id, ()))
                 need_draft.append(request)
             else:
                 proposal = suffix.get(request.req_id, Proposal([]))
@@ -145,14 +170,45 @@ class SpeculationController:
         self.proposer_seconds += time.perf_counter() - started
         return proposals
 
+    def _plain_step_seconds(self, requests: list[ProposalRequest], batch_size: int) -> float:
+        """Plain decoding's step: every running request one token, at its context (the requests
+        not listed here, still prefilling, are counted at the listed ones' mean context)."""
+        mean_context = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests) / len(requests)
+        return self.cost.step_seconds(batch_size, batch_size * mean_context)
+
+    def _alternatives_to_ask(self, requests: list[ProposalRequest], batch_size: int) -> dict[str, list[float]]:
+        """Per request that could get runners-up: the net gain, in tokens, of each one worth
+        asking for (ranks in order; see the module docstring)."""
+        eligible = [r for r in requests if r.max_alternatives > 0]
+        if self.draft is None or not getattr(self.draft, "supports_alternatives", False) or not eligible:
+            return {}
+        if not self.config.adaptive:
+            return {r.req_id: [0.0] * min(MAX_ALTERNATIVES, r.max_alternatives) for r in eligible}
+        self._alternative_steps += 1
+        probe = self._alternative_steps % PROBE_EVERY == 0
+        step_seconds = self._plain_step_seconds(requests, batch_size)
+        chosen: dict[str, list[float]] = {}
+        for request in eligible:
+            # Two rows (the pair), each priced like one more verified token at its context.
+            threshold = break_even_gain(step_seconds, batch_size, 2 * self.cost.token_seconds(
+                len(request.prompt_token_ids) + len(request.output_token_ids)))
+            nets: list[float] = []
+            probed = False
+            for hit in self.alternative_hit_rates()[: request.max_alternatives]:
+                if hit < threshold:  # this rank and every later one (rates fall with rank)
+                    if not probe or probed:
+                        break
+                    probed = True  # one rank past the paying ones is probed
+                nets.append(max(0.0, hit - threshold))
+            if nets:
+                chosen[request.req_id] = nets
+        return chosen
+
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
-              batch_size: int) -> dict[str, tuple[str, int]]:
+              batch_size: int, alternatives: dict[str, list[float]]) -> dict[str, tuple[str, int]]:
         """(proposer, number of tokens) per request: see the module docstring."""
         contexts = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests}
-        # Plain decoding's step: every running request one token, at its context (the requests
-        # not listed here, still prefilling, are counted at the listed ones' mean context).
-        mean_context = sum(contexts.values()) / len(contexts)
-        step_seconds = self.cost.step_seconds(batch_size, batch_size * mean_context)
+        step_seconds = self._plain_step_seconds(requests, batch_size)
         options: list[list[Candidate]] = []
         for request in requests:
             verify = self.cost.token_seconds(contexts[request.req_id])
@@ -165,6 +221,8 @@ class SpeculationController:
             if self.draft is not None:
                 p = self.acceptance(request.req_id, "draft")
                 gains = [p ** j for j in range(1, request.num_drafts + 1)]
+                if gains:  # the runners-up ride on the first draft (first order: their net)
+                    gains[0] += sum(alternatives.get(request.req_id, ()))
                 per_request.append(Candidate(request.req_id, gains, verify + self.draft_cost.per_token, "draft"))
             options.append(per_request)
         run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)

@@ -264,11 +264,19 @@ class DraftModelProposer:
 
 def greedy_draft_tokens(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n] token ids
     """The argmax of the draft's output head (its reduced vocabulary mapped back to target ids)."""
+    return top_draft_tokens(draft, hidden, 1)[:, 0]
+
+
+def top_draft_tokens(draft: DraftModel, hidden: torch.Tensor, k: int) -> torch.Tensor:
+    """[n, hidden] -> [n, k] target token ids: the draft head's k most likely, best first."""
     if draft.head_weight is None:
-        return draft.model.compute_logits(hidden).argmax(dim=-1)
-    if draft.head_packed is not None:
-        rows = onednn_linear(hidden, draft.head_packed).argmax(dim=-1)
+        logits = draft.model.compute_logits(hidden)
+    elif draft.head_packed is not None:
+        logits = onednn_linear(hidden, draft.head_packed)
     else:
-        rows = torch.nn.functional.linear(hidden, draft.head_weight).argmax(dim=-1)
+        logits = torch.nn.functional.linear(hidden, draft.head_weight)
+    rows = logits.argmax(dim=-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices  # [n, k]
+    if draft.head_weight is None:
+        return rows
     assert draft.vocab_ids is not None
-    return draft.vocab_ids.index_select(0, rows)
+    return draft.vocab_ids[rows]

@@ -22,8 +22,9 @@ runner's time while drafts did not pay). Positions past the accepted ones hold K
 predicted states; the next pass over the request overwrites them before anything attends to
 them, as every pass over a request starts at its first unprocessed position.
 
-Drafts are greedy (one-hot for the rejection sampler); the head only writes its own pool, so it
-cannot change the target's output.
+Drafts are greedy (one-hot for the rejection sampler); a request that asks for alternatives also
+gets the head's runners-up for its first draft (engine/worker/alternatives.py verifies them). The
+head only writes its own pool, so it cannot change the target's output.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.attention_metadata import AttentionMetadata
-from engine.spec_decode.draft_model import DraftModel, greedy_draft_tokens
+from engine.spec_decode.draft_model import DraftModel, greedy_draft_tokens, top_draft_tokens
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels.onednn_linear import onednn_linear
@@ -57,6 +58,8 @@ class _Buffered:
 
 
 class EagleProposer:
+    supports_alternatives = True  # runners-up for the first draft come from the same top-k
+
     def __init__(self, draft: DraftModel, *, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         if draft.fc_weight is None or draft.arch.num_hidden_layers != 1:
@@ -173,7 +176,11 @@ class EagleProposer:
         if not active:
             return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
         states = torch.stack([state[r.req_id] for r, _ in active])  # [n, hidden]
-        tokens = greedy_draft_tokens(self.draft, states).tolist()
+        # The first position's runners-up are the head's next most likely tokens (one top-k).
+        width = 1 + max(r.num_alternatives for r, _ in active)
+        top = top_draft_tokens(self.draft, states, width).tolist()  # [n, width]
+        tokens = [row[0] for row in top]
+        alternatives = {r.req_id: row[1: 1 + r.num_alternatives] for (r, _), row in zip(active, top)}
         step = 1
         while True:
             for (r, _), token in zip(active, tokens):
@@ -192,7 +199,8 @@ class EagleProposer:
             states = self._forward(inputs, states, torch.tensor(at, dtype=torch.int64, device=self.device), meta)
             tokens = greedy_draft_tokens(self.draft, states).tolist()
             step += 1
-        return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
+        return {req_id: Proposal(tokens, alternatives=alternatives.get(req_id, []))
+                for req_id, tokens in drafts.items()}
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
         self._newest.pop(req_id, None)

@@ -19,6 +19,10 @@ class ProposalRequest:
     output_token_ids: list[int]
     num_drafts: int  # how many tokens to propose at most (adaptive; 0: none this step)
     block_ids: list[int] = field(default_factory=list)  # its KV blocks (lookahead slots included)
+    # Runners-up for the first drafted token the runner could verify (0: none; see
+    # engine/worker/alternatives.py); the controller sets how many to ask for in num_alternatives.
+    max_alternatives: int = 0
+    num_alternatives: int = 0
 
 
 @dataclass
@@ -32,6 +36,9 @@ class Proposal:
     # Its estimate, per token, of the probability that the target accepts it (and so all before
     # it): non-increasing, sums to expected_accepted; empty when the proposer makes none.
     confidence: list[float] = field(default_factory=list)
+    # Other candidates for the first token (distinct from token_ids[0], most likely first), when
+    # the request asked for num_alternatives: the target verifies each in a row of its own.
+    alternatives: list[int] = field(default_factory=list)
 
 
 class Proposer(Protocol):

@@ -25,6 +25,9 @@ class CachedRequestState:
     num_computed_tokens: int
     # Drafted tokens scheduled for verification this step (speculative decoding).
     spec_token_ids: list[int] = field(default_factory=list)
+    # Runners-up for the first of spec_token_ids, verified in rows of their own
+    # (engine/worker/alternatives.py); set with the proposal, used by the next step only.
+    spec_alternatives: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

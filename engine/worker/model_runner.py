@@ -29,6 +29,7 @@ from engine.spec_decode.draft_model import DraftModelProposer, load_draft_model
 from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
+from engine.worker.alternatives import MAX_PAIRS, SCRATCH_BLOCKS, PairedInputs, copy_blocks, copy_slots, pair_inputs
 from engine.worker.input_batch import CachedRequestState, build_step_inputs
 from engine.worker.kv_cache import (
     KVCacheSpec,
@@ -121,6 +122,8 @@ class ModelRunner:
                 self.draft, self.block_size, self.dtype)
         self.spec: SpeculationController | None = None  # built with the KV cache
         self.step_seconds = 0.0
+        self.num_accepted_alternatives = 0  # runners-up the target took (each with its bonus token)
+        self._first_scratch_block: int | None = None  # set with the KV cache
         # Unseeded requests sample from torch's default generator; seeding it from the engine
         # seed makes a whole run repeatable.
         torch.manual_seed(model_config.seed)
@@ -162,8 +165,16 @@ class ModelRunner:
         return peak
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
         config = self.speculative_config
+        # Runners-up of an EAGLE head's first draft are verified in scratch blocks past the
+        # scheduler's pool (engine/worker/alternatives.py; not with fp8 KV, whose scales would
+        # need the same copies).
+        self._first_scratch_block = None
+        if config.enabled and self.draft is not None and self._draft_proposer_class is EagleProposer \
+                and not self.kv_spec.is_fp8:
+            self._first_scratch_block = num_blocks
+        self.kv_caches = allocate_kv_caches(
+            self.kv_spec, num_blocks + (SCRATCH_BLOCKS if self._first_scratch_block is not None else 0), self.device)
         if config.enabled:
             draft_proposer = None
             if self.draft is not None:
@@ -218,39 +229,52 @@ class ModelRunner:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=None)
         step = build_step_inputs(self.requests, req_ids, out.num_scheduled_tokens, self.block_size)
         num_step_drafts = [len(self.requests[req_id].spec_token_ids) for req_id in req_ids]
+        paired = self._pair_inputs(step, token_bitmasks)
+        inputs = paired if paired is not None else step
         device = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(step.slot_mapping).to(device, non_blocking=True),
-            block_table=torch.from_numpy(step.block_table).to(device, non_blocking=True),
-            query_start_loc=torch.tensor(step.query_start_loc, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(step.seq_lens, dtype=torch.int32, device=device),
-            query_start_loc_cpu=step.query_start_loc,
-            seq_lens_cpu=step.seq_lens,
-            max_query_len=max(b - a for a, b in zip(step.query_start_loc, step.query_start_loc[1:])),
-            max_seq_len=max(step.seq_lens),
+            slot_mapping=torch.from_numpy(inputs.slot_mapping).to(device, non_blocking=True),
+            block_table=torch.from_numpy(inputs.block_table).to(device, non_blocking=True),
+            query_start_loc=torch.tensor(inputs.query_start_loc, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(inputs.seq_lens, dtype=torch.int32, device=device),
+            query_start_loc_cpu=inputs.query_start_loc,
+            seq_lens_cpu=inputs.seq_lens,
+            max_query_len=max(b - a for a, b in zip(inputs.query_start_loc, inputs.query_start_loc[1:])),
+            max_seq_len=max(inputs.seq_lens),
         )
-        input_ids = torch.from_numpy(step.input_ids).to(device, non_blocking=True)
-        positions = torch.from_numpy(step.positions).to(device, non_blocking=True)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        input_ids = torch.from_numpy(inputs.input_ids).to(device, non_blocking=True)
+        positions = torch.from_numpy(inputs.positions).to(device, non_blocking=True)
+        if paired is not None:
+            copy_blocks(self.kv_caches, paired.copy_from, paired.copy_to)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens (+ pair rows), hidden]
 
         sampled_token_ids: list[list[int]] = [[] for _ in req_ids]
         logprobs: list | None = None
         spec_token_ids: dict[str, list[int]] | None = None
         if step.sample_rows:
-            indices = torch.from_numpy(step.logits_indices).to(device)
-            logits = self.model.compute_logits(hidden.index_select(0, indices))  # [num_logits, vocab]
+            rows = step.logits_indices
+            if paired is not None:  # the runners-up's rows follow the chains' in the same matmul
+                rows = np.concatenate([rows, np.asarray([p.leaf_row for p in paired.pairs], dtype=np.int64)])
+            logits = self.model.compute_logits(hidden.index_select(0, torch.from_numpy(rows).to(device)))
+            num_chain_rows = len(step.logits_indices)  # logits: [num_chain_rows (+ pairs), vocab]
             sample_states = [self.requests[req_ids[row]] for row in step.sample_rows]
             if any(state.spec_token_ids for state in sample_states):
-                tokens, row_logprobs = self._verify(logits, sample_states, token_bitmasks)
+                tokens, row_logprobs = self._verify(logits[:num_chain_rows], sample_states, token_bitmasks)
             else:
                 tokens, row_logprobs = self._sample(logits, sample_states, token_bitmasks)
+            bonus = {}
+            if paired is not None:
+                bonus = self._accept_alternatives(paired, logits[num_chain_rows:], sample_states, tokens, hidden)
             if row_logprobs is not None:
                 logprobs = [None] * len(req_ids)
             for i, (row, state) in enumerate(zip(step.sample_rows, sample_states)):
                 if self.spec is not None and state.spec_token_ids:
                     self.spec.record(state.req_id, len(state.spec_token_ids), len(tokens[i]) - 1)
+                if i in bonus:  # (after recording: the chain's own first draft was rejected)
+                    tokens[i] = tokens[i] + [bonus[i]]
                 state.output_token_ids.extend(tokens[i])
                 state.spec_token_ids = []
+                state.spec_alternatives = []
                 sampled_token_ids[row] = tokens[i]
                 if row_logprobs is not None and row_logprobs[i] is not None and row_logprobs[i][0] is not None:
                     logprobs[row] = row_logprobs[i]
@@ -260,13 +284,58 @@ class ModelRunner:
             if self.spec is not None:
                 # The price list of the next drafts: what this step cost for its tokens (before
                 # proposing, which the draft model prices itself).
-                query_lens = np.diff(step.query_start_loc).tolist()
-                self.spec.observe_step(len(step.input_ids), time.perf_counter() - started,
-                                       attention_work(query_lens, step.seq_lens))
+                query_lens = np.diff(inputs.query_start_loc).tolist()
+                self.spec.observe_step(len(inputs.input_ids), time.perf_counter() - started,
+                                       attention_work(query_lens, inputs.seq_lens))
                 spec_token_ids = self._propose(sample_states, num_running=len(req_ids))
         self.step_seconds += time.perf_counter() - started
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_token_ids, logprobs=logprobs,
                                  spec_token_ids=spec_token_ids)
+
+    def _pair_inputs(self, step, token_bitmasks: Mapping[str, np.ndarray] | None) -> PairedInputs | None:
+        """The step's inputs with its runners-up's pairs, or None (engine/worker/alternatives.py).
+        Not for constrained requests (a pair's bonus would need the grammar's state after a_j),
+        and never past the step's token budget."""
+        if self._first_scratch_block is None:
+            return None
+        alternatives = {row_req: self.requests[row_req].spec_alternatives for row_req in step.req_ids
+                        if self.requests[row_req].spec_alternatives
+                        and not (token_bitmasks and row_req in token_bitmasks)}
+        if not alternatives:
+            return None
+        room = (self.scheduler_config.max_num_batched_tokens - len(step.input_ids)) // 2
+        return pair_inputs(step, self.requests, alternatives, self.block_size, self._first_scratch_block,
+                           min(MAX_PAIRS, room))
+
+    def _accept_alternatives(self, paired: PairedInputs, pair_logits: torch.Tensor,
+                             states: list[CachedRequestState], tokens: list[list[int]],
+                             hidden: torch.Tensor) -> dict[int, int]:
+        """After verification: for each request whose target token at P + 1 is one of its
+        runners-up, the bonus token after it (by sampling index), sampled from the runner-up's row
+        as plain decoding would; its KV moves into the request's slot and its state into c1's row
+        (for an EAGLE head). pair_logits: [len(pairs), vocab]."""
+        accepted: list[tuple[int, int]] = []  # (pair index, sampling index)
+        verified: dict[int, list[int]] = {}
+        for index, pair in enumerate(paired.pairs):
+            verified.setdefault(pair.sample_index, []).append(pair.token)
+            emitted = tokens[pair.sample_index]
+            if len(emitted) == 1 and emitted[0] == pair.token:
+                accepted.append((index, pair.sample_index))
+        if self.spec is not None:
+            for sample_index, runners_up in verified.items():
+                self.spec.record_alternatives(runners_up, tokens[sample_index][0])
+        if not accepted:
+            return {}
+        chosen = [paired.pairs[index] for index, _ in accepted]
+        sampled_states = [states[i] for _, i in accepted]
+        meta = self._sampling_metadata(sampled_states, [s.output_token_ids + [p.token] for s, p in zip(sampled_states, chosen)])
+        rows = torch.tensor([index for index, _ in accepted], dtype=torch.int64, device=pair_logits.device)
+        bonus = self.sampler(pair_logits.index_select(0, rows), meta).sampled_token_ids.tolist()
+        copy_slots(self.kv_caches, [p.leaf_slot for p in chosen], [p.target_slot for p in chosen], self.block_size)
+        for pair in chosen:
+            hidden[pair.x0_row + 1] = hidden[pair.leaf_row]
+        self.num_accepted_alternatives += len(accepted)
+        return {i: token for (_, i), token in zip(accepted, bonus)}
 
     def _observe_eagle(self, eagle: EagleProposer, hidden: torch.Tensor, step, req_ids: list[str],
                        sampled_token_ids: list[list[int]], num_step_drafts: list[int]) -> None:
@@ -344,8 +413,15 @@ class ModelRunner:
                 room = min(room, params.max_tokens - len(state.output_token_ids) - 1)
             if room <= 0:
                 continue
+            # Runners-up need exactness of the emitted token alone (no logprobs to report for
+            # the bonus's row); a constrained request's are dropped when its step is built.
+            alternatives = MAX_PAIRS if self._first_scratch_block is not None and params.logprobs is None else 0
             requests.append(ProposalRequest(state.req_id, state.prompt_token_ids, state.output_token_ids,
-                                            num_drafts=room, block_ids=state.block_ids))
+                                            num_drafts=room, block_ids=state.block_ids,
+                                            max_alternatives=alternatives))
         proposals = self.spec.propose(requests, batch_size=num_running)
         caps = {r.req_id: r.num_drafts for r in requests}
+        for req_id, proposal in proposals.items():
+            if proposal.token_ids and caps[req_id] > 0:
+                self.requests[req_id].spec_alternatives = list(proposal.alternatives)
         return {req_id: p.token_ids[: caps[req_id]] for req_id, p in proposals.items() if p.token_ids}

@@ -40,6 +40,19 @@ def test_all_names_are_exposed_with_engine_figures() -> None:
     assert b'model_name="m"' in text
 
 
+def test_speculation_counters_carry_the_engine_figures() -> None:
+    text = GatewayMetrics("m").render(stats(spec_num_drafts=5, spec_num_draft_tokens=12, spec_num_accepted_tokens=7,
+                                            spec_accepted_per_pos=[4, 2, 1], spec_num_accepted_alternatives=2), 0)
+    values = samples(text)
+    assert values["vllm:spec_decode_num_drafts_total"] == 5
+    assert values["vllm:spec_decode_num_draft_tokens_total"] == 12
+    assert values["vllm:spec_decode_num_accepted_tokens_total"] == 7
+    assert values["draftgate:spec_decode_num_accepted_alternatives_total"] == 2
+    per_position = {sample.labels["position"]: sample.value for family in text_string_to_metric_families(text.decode())
+                    for sample in family.samples if sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total"}
+    assert per_position == {"0": 4, "1": 2, "2": 1}
+
+
 def test_without_engine_stats_the_engine_families_are_left_out() -> None:
     text = GatewayMetrics("m").render(None, 0)
     assert b"vllm:num_requests_running" not in text and b"vllm:time_to_first_token_seconds" in text

@@ -170,3 +170,84 @@ def test_long_contexts_get_fewer_drafts_when_attention_costs() -> None:
     spec.propose([short], batch_size=1)
     spec.propose([long], batch_size=1)
     assert short.num_drafts > long.num_drafts
+
+
+class RunnersUpDraft(CountingDraft):
+    """CountingDraft that also names runners-up (tokens 8, 9, 10) for its first draft."""
+
+    supports_alternatives = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alternatives: list[int] = []
+
+    def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
+        self.alternatives += [r.num_alternatives for r in requests]
+        return {r.req_id: Proposal([7] * r.num_drafts, alternatives=[8, 9, 10][: r.num_alternatives])
+                for r in requests}
+
+
+def runners_up_controller(adaptive: bool = True) -> tuple[SpeculationController, RunnersUpDraft]:
+    """Steps cost 0.030 + 0.001 * tokens: at batch 1 a pair (two rows, 0.002 s) breaks even at a
+    hit rate of 0.002 / 0.031 = 0.0645, under the 0.1 every rank starts from."""
+    draft = RunnersUpDraft()
+    spec = SpeculationController(SpeculativeConfig(method="draft", num_speculative_tokens=4, adaptive=adaptive),
+                                 suffix=None, draft=draft)
+    for n in (1, 8, 24, 8, 40, 16):
+        spec.observe_step(n, 0.030 + 0.001 * n)
+    return spec, draft
+
+
+def asked(spec: SpeculationController, draft: RunnersUpDraft, *, batch_size: int = 1, max_alternatives: int = 3,
+          req_id: str = "a") -> int:
+    r = ProposalRequest(req_id, prompt_token_ids=[1, 2, 3], output_token_ids=[4], num_drafts=4,
+                        max_alternatives=max_alternatives)
+    proposal = spec.propose([r], batch_size=batch_size)[req_id]
+    assert len(proposal.alternatives) == r.num_alternatives
+    return r.num_alternatives
+
+
+def test_runners_up_are_asked_while_their_hit_rate_pays_for_two_rows() -> None:
+    spec, draft = runners_up_controller()
+    assert asked(spec, draft) == 3  # the prior (0.1) pays at batch 1
+    assert asked(spec, draft, max_alternatives=1) == 1  # never more than the runner can verify
+    assert asked(spec, draft, max_alternatives=0) == 0
+    # The first rank hits every time, the others never: their rates fall below 0.0645.
+    for _ in range(40):
+        spec.record_alternatives([8, 9, 10], 8)
+    rates = spec.alternative_hit_rates()
+    assert rates[0] > 0.9 and rates[1] < 0.0645 and rates[2] < 0.0645
+    counts = [asked(spec, draft) for _ in range(2 * PROBE_EVERY)]
+    # One rank, and every PROBE_EVERY-th step one more (the first that stopped paying), so the
+    # estimates of ranks that stopped paying can recover.
+    assert sorted(set(counts)) == [1, 2] and counts.count(2) == 2
+    # At batch 8 two rows cost 8 tokens' worth of plain decoding: 0.1 does not pay.
+    fresh, fresh_draft = runners_up_controller()
+    assert asked(fresh, fresh_draft, batch_size=8) == 0
+
+
+def test_not_adaptive_always_asks_for_every_runner_up() -> None:
+    spec, draft = runners_up_controller(adaptive=False)
+    for _ in range(40):
+        spec.record_alternatives([8, 9, 10], 1)  # never hit: adaptive drafting would stop
+    assert asked(spec, draft) == 3 and asked(spec, draft, max_alternatives=2) == 2
+
+
+def test_runners_up_can_pay_for_a_draft_run() -> None:
+    """A request whose own drafts are never accepted still drafts when its first draft's
+    runners-up pay (their net gain rides on the first draft); without them it does not."""
+    spec, draft = runners_up_controller()
+    spec.draft_cost.observe(1, 1, 0.0005)
+    for req_id in ("with", "without"):
+        asked(spec, draft, req_id=req_id)  # sets the proposer that drafted, so record() counts
+        for _ in range(20):
+            spec.record(req_id, 4, 0)
+        assert spec.acceptance(req_id, "draft") < 0.01
+    for _ in range(40):
+        spec.record_alternatives([8, 9, 10], 8)  # the first runner-up is the target's token
+    with_runners_up = ProposalRequest("with", [1, 2, 3], [4], num_drafts=4, max_alternatives=3)
+    without = ProposalRequest("without", [1, 2, 3], [4], num_drafts=4, max_alternatives=0)
+    spec.propose([with_runners_up], batch_size=1)
+    spec.propose([without], batch_size=1)
+    assert with_runners_up.num_drafts == 1 and with_runners_up.num_alternatives >= 1
+    assert without.num_drafts == 0

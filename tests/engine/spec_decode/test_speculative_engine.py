@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.model.resolve import embedded_gguf_path
+from engine.model.resolve import SHIPPED_DRAFT_DIR, embedded_gguf_path
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -124,3 +124,32 @@ def test_seeded_sampled_requests_decode_as_without_speculation() -> None:
     # The test can fail: another seed writes something else.
     other = llm.generate([prompts[1]], params[1].clone(seed=6), use_tqdm=False)[0].token_ids
     assert other != expected[1]
+
+
+@pytest.mark.parametrize("schedule", ["batched", "chunked", "preempted"])
+def test_runners_up_keep_greedy_output_identical(schedule: str, reference: list[list[int]]) -> None:
+    """The shipped EAGLE head names runners-up for its first draft; the target takes some of
+    them (each with a bonus token sampled from the runner-up's own row, its KV moved into the
+    request's slot): the outputs stay plain decoding's, also on prefix hits of those blocks."""
+    llm = LLM(dtype="float32", speculative="draft", draft=SHIPPED_DRAFT_DIR, num_speculative_tokens=2,
+              adaptive_speculation=False, **SCHEDULES[schedule])
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
+    stats = llm.stats()
+    assert stats.spec_num_accepted_alternatives > 0
+    assert stats.kv_cache_usage == 0.0 and stats.num_running == 0
+
+
+def test_runners_up_keep_seeded_sampling_identical() -> None:
+    """A seeded request's runner-up is taken when the sample at its position equals it, and the
+    bonus is sampled from its row with the noise of that position: the text is plain decoding's."""
+    params = [SamplingParams(temperature=0.7, seed=11, max_tokens=32, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=5, top_p=0.9, top_k=50, max_tokens=32, ignore_eos=True,
+                             repetition_penalty=1.1)]
+    prompts = [PROMPTS[2], PROMPTS[0]]
+    plain = LLM(dtype="float32", kv_cache_memory="64MiB")
+    expected = [plain.generate([p], sp, use_tqdm=False)[0].token_ids for p, sp in zip(prompts, params)]
+    llm = LLM(dtype="float32", speculative="draft", draft=SHIPPED_DRAFT_DIR, num_speculative_tokens=2,
+              adaptive_speculation=False, kv_cache_memory="64MiB")
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+    assert llm.stats().spec_num_accepted_alternatives > 0
