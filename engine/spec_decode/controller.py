@@ -62,7 +62,7 @@ PRIOR_TRIALS = 8.0
 MAX_ACCEPTANCE = 0.99  # a draft is never sure: keeps p^j decreasing
 PROBE_EVERY = 16  # steps between single-draft probes of a request left without drafts
 MAX_ALTERNATIVES = 3  # runners-up for a first draft at most (top-4 covers most of the head's hits)
-ALTERNATIVE_PRIOR = 0.1  # a rank's hit rate before any was verified
+ALTERNATIVE_PRIOR = 0.1  # a rank's hit rate before any was verified (weighing PRIOR_TRIALS, decaying)
 
 
 @dataclass

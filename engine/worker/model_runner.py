@@ -415,10 +415,10 @@ class ModelRunner:
                 continue
             # Runners-up need exactness of the emitted token alone (no logprobs to report for
             # the bonus's row); a constrained request's are dropped when its step is built.
-            alternatives = MAX_PAIRS if self._first_scratch_block is not None and params.logprobs is None else 0
+            max_alternatives = MAX_PAIRS if self._first_scratch_block is not None and params.logprobs is None else 0
             requests.append(ProposalRequest(state.req_id, state.prompt_token_ids, state.output_token_ids,
                                             num_drafts=room, block_ids=state.block_ids,
-                                            max_alternatives=alternatives))
+                                            max_alternatives=max_alternatives))
         proposals = self.spec.propose(requests, batch_size=num_running)
         caps = {r.req_id: r.num_drafts for r in requests}
         for req_id, proposal in proposals.items():
