@@ -125,10 +125,8 @@ class SpeculationController:
 
     def record_alternatives(self, alternatives: list[int], target_token: int) -> None:
         """The runners-up verified last step and the target's own token at their position."""
-        for rank, token in enumerate(alternatives):
-            estimate = self._alternative_hits[rank]
-            estimate.accepted = POOLED_DECAY * estimate.accepted + (token == target_token)
-            estimate.trials = POOLED_DECAY * estimate.trials + 1
+        for rank, token in enumerate(alternatives):  # one trial per rank: a hit or a miss
+            self._alternative_hits[rank].update(1, int(token == target_token), POOLED_DECAY)
 
     def alternative_hit_rates(self) -> list[float]:
         return [estimate.p for estimate in self._alternative_hits]
@@ -154,9 +152,10 @@ class SpeculationController:
         started = time.perf_counter()
         method = self.config.method
         suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
-        alternatives = self._alternatives_to_ask(requests, batch_size)
+        step_seconds = self._plain_step_seconds(requests, batch_size) if self.config.adaptive else 0.0
+        alternatives = self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
-            chosen = self._plan(requests, suffix, batch_size, alternatives)
+            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives)
         else:  # everything, always: suffix where it has a proposal, else the draft model
             chosen = {r.req_id: ("suffix" if method == "suffix" or (method == "hybrid" and suffix[r.req_id].token_ids)
                                  else "draft", r.num_drafts) for r in requests}
@@ -189,9 +188,10 @@ class SpeculationController:
         mean_context = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests) / len(requests)
         return self.cost.step_seconds(batch_size, batch_size * mean_context)
 
-    def _alternatives_to_ask(self, requests: list[ProposalRequest], batch_size: int) -> dict[str, list[float]]:
+    def _alternatives_to_ask(self, requests: list[ProposalRequest], batch_size: int,
+                             step_seconds: float) -> dict[str, list[float]]:
         """Per request that could get runners-up: the net gain, in tokens, of each one worth
-        asking for (ranks in order; see the module docstring)."""
+        asking for (ranks in order; see the module docstring). step_seconds: plain decoding's."""
         eligible = [r for r in requests if r.max_alternatives > 0]
         if self.draft is None or not getattr(self.draft, "supports_alternatives", False) or not eligible:
             return {}
@@ -199,7 +199,7 @@ class SpeculationController:
             return {r.req_id: [0.0] * min(MAX_ALTERNATIVES, r.max_alternatives) for r in eligible}
         self._alternative_steps += 1
         probe = self._alternative_steps % PROBE_EVERY == 0
-        step_seconds = self._plain_step_seconds(requests, batch_size)
+        hit_rates = self.alternative_hit_rates()
         chosen: dict[str, list[float]] = {}
         for request in eligible:
             # Two rows (the pair), each priced like one more verified token at its context.
@@ -207,7 +207,7 @@ class SpeculationController:
                 len(request.prompt_token_ids) + len(request.output_token_ids)))
             nets: list[float] = []
             probed = False
-            for hit in self.alternative_hit_rates()[: request.max_alternatives]:
+            for hit in hit_rates[: request.max_alternatives]:
                 if hit < threshold:  # this rank and every later one (rates fall with rank)
                     if not probe or probed:
                         break
@@ -218,10 +218,10 @@ class SpeculationController:
         return chosen
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
-              batch_size: int, alternatives: dict[str, list[float]]) -> dict[str, tuple[str, int]]:
+              batch_size: int, step_seconds: float,
+              alternatives: dict[str, list[float]]) -> dict[str, tuple[str, int]]:
         """(proposer, number of tokens) per request: see the module docstring."""
         contexts = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests}
-        step_seconds = self._plain_step_seconds(requests, batch_size)
         options: list[list[Candidate]] = []
         for request in requests:
             verify = self.cost.token_seconds(contexts[request.req_id])

@@ -33,10 +33,11 @@ def request(req_id: str, output: list[int], k: int = 4) -> ProposalRequest:
 
 def controller(method: str, *, a: float = 0.030, b: float = 0.001, draft_seconds: float = 0.0,
                draft_fixed: float = 0.0, draft_per_depth: float = 0.0,
-               adaptive: bool = True) -> tuple[SpeculationController, CountingDraft]:
+               adaptive: bool = True, draft_class: type[CountingDraft] = CountingDraft,
+               ) -> tuple[SpeculationController, CountingDraft]:
     """A controller whose cost model has seen CPU-like steps, a + b * tokens, and draft-model
     calls that cost draft_fixed + draft_per_depth * depth + draft_seconds * tokens."""
-    draft = CountingDraft()
+    draft = draft_class()
     suffix = SuffixProposer() if method in ("suffix", "hybrid") else None
     config = SpeculativeConfig(method=method, num_speculative_tokens=4, adaptive=adaptive)
     spec = SpeculationController(config, suffix=suffix, draft=draft if method != "suffix" else None)
@@ -209,11 +210,8 @@ class RunnersUpDraft(CountingDraft):
 def runners_up_controller(adaptive: bool = True) -> tuple[SpeculationController, RunnersUpDraft]:
     """Steps cost 0.030 + 0.001 * tokens: at batch 1 a pair (two rows, 0.002 s) breaks even at a
     hit rate of 0.002 / 0.031 = 0.0645, under the 0.1 every rank starts from."""
-    draft = RunnersUpDraft()
-    spec = SpeculationController(SpeculativeConfig(method="draft", num_speculative_tokens=4, adaptive=adaptive),
-                                 suffix=None, draft=draft)
-    for n in (1, 8, 24, 8, 40, 16):
-        spec.observe_step(n, 0.030 + 0.001 * n)
+    spec, draft = controller("draft", adaptive=adaptive, draft_class=RunnersUpDraft)
+    assert isinstance(draft, RunnersUpDraft)
     return spec, draft
 
 
