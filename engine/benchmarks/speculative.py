@@ -9,10 +9,11 @@ every method must produce the very same tokens, which the script checks; in bf16
 - agent: tool-loop turns: a system prompt with tools, earlier tool calls and their JSON results,
   and the model's next tool call or answer.
 Single-stream: one request at a time; 8 streams: 8 requests submitted together. One engine per
-method, loaded once; the methods take turns group by group, so this machine's drift (tens of
-percent over minutes) hits every method alike, and each round starts every engine afresh (empty
-prefix cache, speculation reset: no suffix index of another round's answers). Wall-clock output
-tokens/s, speedup over "none" (median over rounds, and the range of the per-round ratios),
+method, loaded once; every method runs the same group of requests at once, their engine steps
+interleaved (one step of each in turn) and each method's time the sum of its own steps, so this
+machine's drift (tens of percent within seconds) hits every method alike; each round starts every
+engine afresh (empty prefix cache, speculation reset: no suffix index of another round's
+answers). Output tokens/s over each method's own step time, speedup over "none" (median over rounds, and the range of the per-round ratios),
 acceptance rate (accepted / drafted) and mean accepted length per verification, and the share of
 runner time spent proposing.
 """
@@ -32,6 +33,7 @@ import torch
 from engine.benchmarks.docs_section import write_section
 from engine.llm import LLM
 from engine.model.resolve import EMBEDDED_MODEL_NAME
+from engine.protocol import AddRequest
 from engine.sampling_params import SamplingParams
 
 CODE_SNIPPET = '''def parse_config(path):
@@ -126,11 +128,14 @@ def _load(method: str, args: argparse.Namespace) -> LLM:
 
 def _measure_round(engines: dict[str, LLM], prompts: list[list[int]], streams: int, params: SamplingParams,
                    rotation: int) -> dict[str, tuple[dict, list[list[int]]]]:
-    """One round of one workload at one stream count, every method on every group of `streams`
-    prompts, group by group: the methods take turns within seconds of each other, so the machine's
-    drift (tens of percent over minutes here) hits them alike. Each method starts the round as a
-    fresh engine would (empty prefix cache, speculation forgetting earlier rounds) and keeps, like
-    a server, what this round's earlier groups taught it."""
+    """One round of one workload at one stream count: every method runs every group of `streams`
+    prompts, and the methods' engine steps interleave, one step of each in turn (the first to go
+    rotates), each engine's time being the sum of its own steps. This machine's speed drifts by
+    tens of percent within seconds; a step is tens of milliseconds, so every method's steps see the
+    same machine, where taking turns group by group (seconds apart) left per-round ratios spread
+    over 0.7-1.45x for methods doing the same work. Each method starts the round as a fresh engine
+    would (empty prefix cache, speculation forgetting earlier rounds) and keeps, like a server,
+    what this round's earlier groups taught it."""
     methods = list(engines)
     samples = {m: {"tokens": 0, "seconds": 0.0} for m in methods}
     outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
@@ -140,13 +145,37 @@ def _measure_round(engines: dict[str, LLM], prompts: list[list[int]], streams: i
         llm.reset_speculation()
         before[method] = llm.stats()
     for g, group in enumerate(_groups(prompts, streams)):
-        shift = (rotation + g) % len(methods)  # nobody always goes first
-        for method in methods[shift:] + methods[:shift]:
+        ids = [f"bench-{rotation}-{g}-{i}" for i in range(len(group))]
+        produced = {m: {request_id: [] for request_id in ids} for m in methods}
+        for method, llm in engines.items():
             started = time.perf_counter()
-            result = engines[method].generate(group, params, use_tqdm=False)
+            for request_id, prompt in zip(ids, group):
+                error = llm.engine.add_request(AddRequest(request_id=request_id, prompt_token_ids=prompt,
+                                                          sampling_params=params, arrival_time=time.monotonic()))
+                if error is not None:
+                    raise RuntimeError(f"{method} refused a benchmark prompt: {error.error}")
             samples[method]["seconds"] += time.perf_counter() - started
-            samples[method]["tokens"] += sum(len(o.token_ids) for o in result)
-            outputs[method] += [o.token_ids for o in result]
+        running = set(methods)
+        turn = rotation + g
+        while running:
+            shift = turn % len(methods)  # nobody always goes first
+            turn += 1
+            for method in methods[shift:] + methods[:shift]:
+                if method not in running:
+                    continue
+                engine = engines[method].engine
+                started = time.perf_counter()
+                deltas = engine.step()
+                samples[method]["seconds"] += time.perf_counter() - started
+                for delta in deltas:
+                    if delta.error is not None:
+                        raise RuntimeError(f"{method}: {delta.error}")
+                    produced[method][delta.request_id] += delta.new_token_ids
+                if not engine.has_unfinished_requests():
+                    running.discard(method)
+        for method in methods:
+            samples[method]["tokens"] += sum(len(t) for t in produced[method].values())
+            outputs[method] += [produced[method][request_id] for request_id in ids]
     measured = {}
     for method, llm in engines.items():
         after, first = llm.stats(), before[method]
@@ -173,9 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--kv-cache-memory", default="1GiB", help="KV budget of each method's engine")
     parser.add_argument("--rounds", type=int, default=3, help="single-stream rounds (medians over them)")
-    parser.add_argument("--batched-rounds", type=int, default=9,
-                        help="rounds at more than one stream: a round is one short group there, and a "
-                             "hiccup of this shared machine moves it by tens of percent")
+    parser.add_argument("--batched-rounds", type=int, default=5,
+                        help="rounds at more than one stream (a round there is one or two groups of "
+                             "requests, so it takes more of them to steady a median)")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--docs-section", default="speculative-benchmark",
                         help="the marked section of docs/benchmarks.md that --write-docs rewrites")
@@ -189,8 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown workloads: {', '.join(sorted(unknown))} (code, chat, agent)")
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
 
-    # One engine per method, all loaded at once (the model is small), so that methods can take
-    # turns group by group; tokens/s is the median over rounds, acceptance pools all rounds.
+    # One engine per method, all loaded at once (the model is small), so that their steps can
+    # interleave; tokens/s is the median over rounds, acceptance pools all rounds.
     engines = {method: _load(method, args) for method in methods}
     reference_llm = engines["none"]
     dtype = str(reference_llm.engine.runner.dtype).removeprefix("torch.")
@@ -244,8 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     table = "\n".join(lines)
     header = (f"Greedy, max_tokens={args.max_tokens}, num_speculative_tokens={args.num_speculative_tokens} "
               f"(adaptive), {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; one engine "
-              f"per method, the methods taking turns group by group (a group: one prompt at 1 stream, all the "
-              f"streams' prompts submitted together otherwise); medians of {args.rounds} rounds at 1 stream and "
+              f"per method, every method running the same group at once (a group: one prompt at 1 stream, all the "
+              f"streams' prompts submitted together otherwise), the engines' steps interleaved one by one and "
+              f"each method's seconds the sum of its own steps; medians of {args.rounds} rounds at 1 stream and "
               f"of {args.batched_rounds} at more, with the range of the per-round speedups (acceptance over all "
               f"rounds); draft: {args.draft or 'the shipped draft'}. In float32 every method's outputs must equal "
               f"'none' (the run stops otherwise); in bf16 the last column counts them (see the note below the "

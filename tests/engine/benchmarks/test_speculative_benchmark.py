@@ -13,3 +13,23 @@ def test_speculative_benchmark_dry_run(capsys: pytest.CaptureFixture[str]) -> No
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| agent")]
     assert len(rows) == 4  # 2 stream counts x 2 methods
     assert all(float(row.split("|")[4]) > 0 for row in rows)
+
+
+def test_interleaved_round_matches_generate() -> None:
+    """A round interleaves the engines' steps: every method's outputs are its own engine's (the
+    same as generate's), its tokens are counted once, and only its own steps are timed."""
+    from engine.benchmarks.speculative import _measure_round
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    engines = {method: LLM(dtype="float32", kv_cache_memory="64MiB", speculative=method)
+               for method in ("none", "suffix")}
+    prompts = [[1, 9690, 198, 2683, 314, 253], [1, 4093, 198, 504, 32, 33, 34, 11], [1, 2, 3, 4, 5]]
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    measured = _measure_round(engines, prompts, 2, params, rotation=1)
+    expected = [o.token_ids for o in engines["none"].generate(prompts, params, use_tqdm=False)]
+    for method, (sample, outputs) in measured.items():
+        assert outputs == expected, method
+        assert sample["tokens"] == sum(len(t) for t in expected)
+        assert sample["seconds"] > 0
+        assert not engines[method].engine.has_unfinished_requests()
