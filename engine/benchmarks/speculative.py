@@ -13,8 +13,8 @@ method, loaded once; every method runs the same group of requests at once, their
 interleaved (one step of each in turn) and each method's time the sum of its own steps, so this
 machine's drift (tens of percent within seconds) hits every method alike; each round starts every
 engine afresh (empty prefix cache, speculation reset: no suffix index of another round's
-answers). Output tokens/s over each method's own step time, speedup over "none" (median over rounds, and the range of the per-round ratios),
-acceptance rate (accepted / drafted) and mean accepted length per verification, and the share of
+answers). Output tokens/s over each method's own step time (median over rounds), speedup over
+"none" (the median of the per-round ratios, and their range), acceptance rate (accepted / drafted) and mean accepted length per verification, and the share of
 runner time spent proposing.
 """
 
@@ -252,12 +252,12 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         for streams in stream_counts:
             base = samples[("none", name, streams)]
-            base_tps = statistics.median(s["tokens"] / s["seconds"] for s in base)
             for method in methods:
                 runs = samples[(method, name, streams)]
                 tps = statistics.median(s["tokens"] / s["seconds"] for s in runs)
                 # Tokens/s ratio: in bf16 the outputs (and so their lengths) may differ from none's.
-                # The range: the same ratio round by round (each round's methods ran side by side).
+                # Round by round (each round's methods ran side by side, their steps interleaved):
+                # the speedup is the median of these paired ratios, not a ratio of medians.
                 ratios = [(r["tokens"] / r["seconds"]) / (b["tokens"] / b["seconds"]) for r, b in zip(runs, base)]
                 drafted = sum(s["drafted"] for s in runs)
                 accepted = sum(s["accepted"] for s in runs)
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
                 share = sum(s["proposer_seconds"] for s in runs) / max(sum(s["runner_seconds"] for s in runs), 1e-9)
                 identical = sum(s["identical"] for s in runs)
                 total = sum(s["num_outputs"] for s in runs)
-                lines.append(f"| {name} | {streams} | {method} | {tps:.1f} | {tps / base_tps:.2f}x | "
+                lines.append(f"| {name} | {streams} | {method} | {tps:.1f} | {statistics.median(ratios):.2f}x | "
                              f"{min(ratios):.2f}-{max(ratios):.2f}x | {acc} | {mal} | {share:.0%} | "
                              f"{identical}/{total} |")
     table = "\n".join(lines)
@@ -275,9 +275,9 @@ def main(argv: list[str] | None = None) -> None:
               f"(adaptive), {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; one engine "
               f"per method, every method running the same group at once (a group: one prompt at 1 stream, all the "
               f"streams' prompts submitted together otherwise), the engines' steps interleaved one by one and "
-              f"each method's seconds the sum of its own steps; medians of {args.rounds} rounds at 1 stream and "
-              f"of {args.batched_rounds} at more, with the range of the per-round speedups (acceptance over all "
-              f"rounds); draft: {args.draft or 'the shipped draft'}. In float32 every method's outputs must equal "
+              f"each method's seconds the sum of its own steps; tokens/s: the median over {args.rounds} rounds at 1 "
+              f"stream and {args.batched_rounds} at more; speedup: the median of the per-round ratios to none, "
+              f"with their range (acceptance over all rounds); draft: {args.draft or 'the shipped draft'}. In float32 every method's outputs must equal "
               f"'none' (the run stops otherwise); in bf16 the last column counts them (see the note below the "
               f"table).")
     print(header + "\n\n" + table)

@@ -22,13 +22,14 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   the draft model runs to the depth that makes the most tokens per second (or not at all), and
   the step's extra seconds must be paid by the request that gains least (they delay it too);
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
-  probes with one every PROBE_EVERY steps, so its estimate can recover when its text turns
+  for PROBE_EVERY steps probes with one on every PROBE_EVERY-th step (the same steps for all, so
+  a draft model starts once for every probe), so its estimate can recover when its text turns
   predictable (a probe is always allowed: without it an estimate could never recover).
 - Alternatives (a draft model that can name runners-up for its first token; verified by
   engine/worker/alternatives.py in two rows each): the r-th runner-up gains a token when the
   target's token is exactly it, which happens at a pooled, decaying rate per rank; it is asked for
   while that rate pays for its two rows at break-even (a pooled rank that stopped paying is
-  probed once every PROBE_EVERY draft steps). What the paying ones net is added to the first
+  probed once every PROBE_EVERY draft steps, by one request). What the paying ones net is added to the first
   draft's gain, so a draft run can pay through its alternatives.
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
   when it drafts again (draft_model.py), so a switched-off draft costs nothing.
@@ -91,6 +92,7 @@ class SpeculationController:
         self._acceptance: dict[tuple[str, str], Acceptance] = {}  # (req_id, method) -> estimate
         self._method: dict[str, str] = {}  # req_id -> which proposer drafted its pending tokens
         self._idle_steps: dict[str, int] = {}  # req_id -> steps since it last got drafts
+        self._planned_steps = 0  # adaptive plans made (probes fall on every PROBE_EVERY-th)
         self.proposer_seconds = 0.0
         self._start_learning()
 
@@ -153,7 +155,7 @@ class SpeculationController:
         method = self.config.method
         suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
         step_seconds = self._plain_step_seconds(requests, batch_size) if self.config.adaptive else 0.0
-        alternatives = self._alternatives_to_ask(requests, batch_size, step_seconds)
+        alternatives, probe_rank = self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
             chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives)
         else:  # everything, always: suffix where it has a proposal, else the draft model
@@ -168,6 +170,11 @@ class SpeculationController:
             self._method[request.req_id] = which
             if which == "draft" and count > 0:
                 request.num_alternatives = len(alternatives.get(request.req_id, ()))
+                if probe_rank and request.num_alternatives < min(MAX_ALTERNATIVES, request.max_alternatives):
+                    # One request probes the rank past the paying ones: the rate is pooled, and
+                    # every probe costs two rows (at 8 streams, all of them probing cost 2%).
+                    request.num_alternatives += 1
+                    probe_rank = False
                 need_draft.append(request)
             else:
                 proposal = suffix.get(request.req_id, Proposal([]))
@@ -189,14 +196,15 @@ class SpeculationController:
         return self.cost.step_seconds(batch_size, batch_size * mean_context)
 
     def _alternatives_to_ask(self, requests: list[ProposalRequest], batch_size: int,
-                             step_seconds: float) -> dict[str, list[float]]:
-        """Per request that could get runners-up: the net gain, in tokens, of each one worth
-        asking for (ranks in order; see the module docstring). step_seconds: plain decoding's."""
+                             step_seconds: float) -> tuple[dict[str, list[float]], bool]:
+        """(per request that could get runners-up, the net gain in tokens of each one worth asking
+        for, ranks in order; whether a request that drafts should probe the rank past its paying
+        ones this step). See the module docstring. step_seconds: plain decoding's."""
         eligible = [r for r in requests if r.max_alternatives > 0]
         if self.draft is None or not getattr(self.draft, "supports_alternatives", False) or not eligible:
-            return {}
+            return {}, False
         if not self.config.adaptive:
-            return {r.req_id: [0.0] * min(MAX_ALTERNATIVES, r.max_alternatives) for r in eligible}
+            return {r.req_id: [0.0] * min(MAX_ALTERNATIVES, r.max_alternatives) for r in eligible}, False
         self._alternative_steps += 1
         probe = self._alternative_steps % PROBE_EVERY == 0
         hit_rates = self.alternative_hit_rates()
@@ -206,16 +214,13 @@ class SpeculationController:
             threshold = break_even_gain(step_seconds, batch_size, 2 * self.cost.token_seconds(
                 len(request.prompt_token_ids) + len(request.output_token_ids)))
             nets: list[float] = []
-            probed = False
-            for hit in hit_rates[: request.max_alternatives]:
+            for hit in hit_rates[: min(MAX_ALTERNATIVES, request.max_alternatives)]:
                 if hit < threshold:  # this rank and every later one (rates fall with rank)
-                    if not probe or probed:
-                        break
-                    probed = True  # one rank past the paying ones is probed
-                nets.append(max(0.0, hit - threshold))
+                    break
+                nets.append(hit - threshold)
             if nets:
                 chosen[request.req_id] = nets
-        return chosen
+        return chosen, probe
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
               batch_size: int, step_seconds: float,
@@ -240,6 +245,8 @@ class SpeculationController:
             options.append(per_request)
         run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)
         plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run)
+        self._planned_steps += 1
+        probe_step = self._planned_steps % PROBE_EVERY == 0
         chosen: dict[str, tuple[str, int]] = {}
         for req_id, (candidate, count) in plan.items():
             which = candidate.method
@@ -248,7 +255,10 @@ class SpeculationController:
             else:
                 idle = self._idle_steps.get(req_id, 0) + 1
                 self._idle_steps[req_id] = idle
-                count = 1 if idle % PROBE_EVERY == 0 else 0
+                # On the same steps for every idle request: a draft model started for one probe
+                # costs its whole start (at 8 streams, staggered probes ran the head on half of
+                # all steps for one token each: 3% of chat's time).
+                count = 1 if probe_step and idle >= PROBE_EVERY else 0
             chosen[req_id] = (which, count)
         return chosen
 

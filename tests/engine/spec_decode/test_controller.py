@@ -130,6 +130,31 @@ def test_a_failing_draft_model_switches_off_and_probes() -> None:
     assert len(spec.propose([request("a", [9])], batch_size=1)["a"].token_ids) >= 1
 
 
+def test_idle_requests_probe_in_the_same_steps() -> None:
+    """Requests switched off at different times probe together: the draft model starts once per
+    probe step, not once per request."""
+    spec, draft = controller("draft")
+    names = [f"r{i}" for i in range(4)]
+    for i, name in enumerate(names):  # each fails a different number of times
+        for _ in range(20 + 3 * i):
+            spec.propose([request(name, [9])], batch_size=8)
+            spec.record(name, 1, 0)
+    calls = []
+    original = draft.propose
+
+    def recording(requests):
+        calls.append(sorted(r.req_id for r in requests))
+        return original(requests)
+
+    draft.propose = recording  # type: ignore[method-assign]
+    for _ in range(3 * PROBE_EVERY):
+        proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
+        for name in names:
+            spec.record(name, len(proposals[name].token_ids), 0)
+    assert calls and all(call == names for call in calls)  # every probe step probes all four
+    assert 2 <= len(calls) <= 3  # one probe step every PROBE_EVERY steps
+
+
 def test_hybrid_takes_confident_suffix_drafts_over_an_average_draft_model() -> None:
     spec, draft = controller("hybrid", draft_seconds=0.005)
     proposals = spec.propose([request("a", REPEATING)], batch_size=1)
@@ -241,6 +266,14 @@ def test_runners_up_are_asked_while_their_hit_rate_pays_for_two_rows() -> None:
     # At batch 8 two rows cost 8 tokens' worth of plain decoding: 0.1 does not pay.
     fresh, fresh_draft = runners_up_controller()
     assert asked(fresh, fresh_draft, batch_size=8) == 0
+    # Several drafting requests: one of them probes (the rate is pooled), the others get the
+    # paying rank only.
+    batch = [[ProposalRequest(f"r{i}", [1, 2, 3], [4], num_drafts=4, max_alternatives=3) for i in range(4)]
+             for _ in range(PROBE_EVERY)]
+    for step in batch:
+        spec.propose(step, batch_size=1)
+    counts = sorted(r.num_alternatives for step in batch for r in step)
+    assert counts == [1] * (4 * PROBE_EVERY - 1) + [2]
 
 
 def test_not_adaptive_always_asks_for_every_runner_up() -> None:
