@@ -29,10 +29,11 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   engine/worker/alternatives.py in two rows each): the r-th runner-up gains a token when the
   target's token is exactly it, which happens at a pooled, decaying rate per rank; it is asked for
   while that rate pays for its two rows at break-even (a pooled rank that stopped paying is
-  probed once every PROBE_EVERY draft steps, by one request). What the paying ones net is added to the first
-  draft's gain, so a draft run can pay through its alternatives.
+  probed once every PROBE_EVERY draft steps, by one request). What the paying ones net is added
+  to the first draft's gain, so a draft run can pay through its alternatives.
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
-  when it drafts again (draft_model.py), so a switched-off draft costs nothing.
+  when it drafts again (draft_model.py), so a switched-off draft costs little (an EAGLE head
+  still keeps its KV current in batched passes: eagle.py).
 
 adaptive=False: every proposer drafts up to num_speculative_tokens, always.
 """
