@@ -14,8 +14,9 @@ interleaved (one step of each in turn) and each method's time the sum of its own
 machine's drift (tens of percent within seconds) hits every method alike; each round starts every
 engine afresh (empty prefix cache, speculation reset: no suffix index of another round's
 answers). Output tokens/s over each method's own step time (median over rounds), speedup over
-"none" (the median of the per-round ratios, and their range), acceptance rate (accepted / drafted) and mean accepted length per verification, and the share of
-runner time spent proposing.
+"none" (the median of the per-round ratios, and their range), acceptance rate (accepted /
+drafted) and mean accepted length per verification, and the share of runner time spent
+proposing.
 """
 
 from __future__ import annotations
@@ -132,8 +133,8 @@ def _measure_round(engines: dict[str, LLM], prompts: list[list[int]], streams: i
     prompts, and the methods' engine steps interleave, one step of each in turn (the first to go
     rotates), each engine's time being the sum of its own steps. This machine's speed drifts by
     tens of percent within seconds; a step is tens of milliseconds, so every method's steps see the
-    same machine, where taking turns group by group (seconds apart) left per-round ratios spread
-    over 0.7-1.45x for methods doing the same work. Each method starts the round as a fresh engine
+    same machine, where taking turns group by group (seconds apart) left the per-round ratios of
+    two engines doing identical work spread over 0.81-1.10x at 8 streams. Each method starts the round as a fresh engine
     would (empty prefix cache, speculation forgetting earlier rounds) and keeps, like a server,
     what this round's earlier groups taught it."""
     methods = list(engines)
@@ -277,9 +278,9 @@ def main(argv: list[str] | None = None) -> None:
               f"streams' prompts submitted together otherwise), the engines' steps interleaved one by one and "
               f"each method's seconds the sum of its own steps; tokens/s: the median over {args.rounds} rounds at 1 "
               f"stream and {args.batched_rounds} at more; speedup: the median of the per-round ratios to none, "
-              f"with their range (acceptance over all rounds); draft: {args.draft or 'the shipped draft'}. In float32 every method's outputs must equal "
-              f"'none' (the run stops otherwise); in bf16 the last column counts them (see the note below the "
-              f"table).")
+              f"with their range (acceptance over all rounds); draft: {args.draft or 'the shipped draft'}. In "
+              f"float32 every method's outputs must equal 'none' (the run stops otherwise); in bf16 the last "
+              f"column counts them (see the note below the table).")
     print(header + "\n\n" + table)
     if args.write_docs:
         _write_docs(header, table, argv, args.docs_section, dtype)
