@@ -173,7 +173,7 @@ class SpeculationController:
                 request.num_alternatives = len(alternatives.get(request.req_id, ()))
                 if probe_rank and request.num_alternatives < min(MAX_ALTERNATIVES, request.max_alternatives):
                     # One request probes the rank past the paying ones: the rate is pooled, and
-                    # every probe costs two rows (at 8 streams, all of them probing cost 2%).
+                    # every probe costs two rows.
                     request.num_alternatives += 1
                     probe_rank = False
                 need_draft.append(request)
@@ -258,7 +258,7 @@ class SpeculationController:
                 self._idle_steps[req_id] = idle
                 # On the same steps for every idle request: a draft model started for one probe
                 # costs its whole start (at 8 streams, staggered probes ran the head on half of
-                # all steps for one token each: 3% of chat's time).
+                # all steps for one token each).
                 count = 1 if probe_step and idle >= PROBE_EVERY else 0
             chosen[req_id] = (which, count)
         return chosen
