@@ -93,7 +93,6 @@ class SpeculationController:
         self._acceptance: dict[tuple[str, str], Acceptance] = {}  # (req_id, method) -> estimate
         self._method: dict[str, str] = {}  # req_id -> which proposer drafted its pending tokens
         self._idle_steps: dict[str, int] = {}  # req_id -> steps since it last got drafts
-        self._planned_steps = 0  # adaptive plans made (probes fall on every PROBE_EVERY-th)
         self.proposer_seconds = 0.0
         self._start_learning()
 
@@ -107,6 +106,7 @@ class SpeculationController:
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
         self._alternative_steps = 0  # draft steps, for probing ranks that stopped paying
+        self._planned_steps = 0  # adaptive plans made (probes fall on every PROBE_EVERY-th)
 
     @property
     def max_drafts(self) -> int:

@@ -301,3 +301,28 @@ def test_runners_up_can_pay_for_a_draft_run() -> None:
     spec.propose([without], batch_size=1)
     assert with_runners_up.num_drafts == 1 and with_runners_up.num_alternatives >= 1
     assert without.num_drafts == 0
+
+
+def test_reset_restarts_what_a_fresh_controller_starts_with() -> None:
+    """After reset() the controller drafts and probes as a fresh one would (probe steps included)."""
+    config = SpeculativeConfig(method="draft", num_speculative_tokens=4, adaptive=True)
+    fresh = SpeculationController(config, suffix=None, draft=CountingDraft())
+    used = SpeculationController(config, suffix=None, draft=CountingDraft())
+    for _ in range(7):
+        used.propose([request("x", [9])], batch_size=8)
+        used.record("x", 4, 0)
+        used.finish("x", None)
+    used.reset()
+
+    def run(spec: SpeculationController) -> list[int]:
+        for n in (1, 8, 24, 8, 40, 16):
+            spec.observe_step(n, 0.030 + 0.001 * n)
+        counts = []
+        for _ in range(3 * PROBE_EVERY):
+            counts.append(len(spec.propose([request("a", [9])], batch_size=8)["a"].token_ids))
+            spec.record("a", counts[-1], 0)
+        return counts
+
+    expected = run(fresh)
+    assert 0 < expected.count(1) < len(expected)  # it switched off and probed
+    assert run(used) == expected
