@@ -16,8 +16,8 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   accepted), and p = (accepted + PRIOR_TRIALS * pooled) / (trials + PRIOR_TRIALS) is the chance
   that one more draft survives (pooled: the same counts over all requests; the request's own
   evidence moves it, a short run of rejections does not switch it off), and the j-th draft
-  gains p^j. Suffix drafts
-  also carry their vote's own confidence; the gain is the smaller of the two.
+  gains p^j. Suffix drafts also carry their vote's own confidence; the gain is the smaller of
+  the two.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
   the draft model runs to the depth that makes the most tokens per second (or not at all), and
   the step's extra seconds must be paid by the request that gains least (they delay it too);
@@ -29,7 +29,7 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   engine/worker/alternatives.py in two rows each): the r-th runner-up gains a token when the
   target's token is exactly it, which happens at a pooled, decaying rate per rank; it is asked for
   while that rate pays for its two rows at break-even (a pooled rank that stopped paying is
-  probed once every PROBE_EVERY draft steps, by one request). What the paying ones net is added
+  probed every PROBE_EVERY steps, by one request that drafts). What the paying ones net is added
   to the first draft's gain, so a draft run can pay through its alternatives.
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
   when it drafts again (draft_model.py), so a switched-off draft costs little (an EAGLE head
@@ -105,8 +105,14 @@ class SpeculationController:
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
-        self._alternative_steps = 0  # draft steps, for probing ranks that stopped paying
-        self._planned_steps = 0  # adaptive plans made (probes fall on every PROBE_EVERY-th)
+        # Adaptive steps planned: every PROBE_EVERY-th is a probe step, for idle requests and for
+        # the runner-up rank past the paying ones alike.
+        self._planned_steps = 0
+
+    @property
+    def _names_alternatives(self) -> bool:
+        """Whether the draft model names runners-up for its first draft."""
+        return self.draft is not None and getattr(self.draft, "supports_alternatives", False)
 
     @property
     def max_drafts(self) -> int:
@@ -155,15 +161,20 @@ class SpeculationController:
         started = time.perf_counter()
         method = self.config.method
         suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
-        step_seconds = self._plain_step_seconds(requests, batch_size) if self.config.adaptive else 0.0
-        alternatives, probe_rank = self._alternatives_to_ask(requests, batch_size, step_seconds)
+        step_seconds, probe_step = 0.0, False
         if self.config.adaptive:
-            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives)
+            step_seconds = self._plain_step_seconds(requests, batch_size)
+            self._planned_steps += 1
+            probe_step = self._planned_steps % PROBE_EVERY == 0
+        alternatives = self._alternatives_to_ask(requests, batch_size, step_seconds)
+        if self.config.adaptive:
+            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, probe_step)
         else:  # everything, always: suffix where it has a proposal, else the draft model
             chosen = {r.req_id: ("suffix" if method == "suffix" or (method == "hybrid" and suffix[r.req_id].token_ids)
                                  else "draft", r.num_drafts) for r in requests}
         proposals: dict[str, Proposal] = {}
         need_draft = []
+        probe_rank = probe_step and self._names_alternatives  # taken by the first request that drafts
         for request in requests:
             which, count = chosen[request.req_id]
             request.num_drafts = count
@@ -197,17 +208,14 @@ class SpeculationController:
         return self.cost.step_seconds(batch_size, batch_size * mean_context)
 
     def _alternatives_to_ask(self, requests: list[ProposalRequest], batch_size: int,
-                             step_seconds: float) -> tuple[dict[str, list[float]], bool]:
-        """(per request that could get runners-up, the net gain in tokens of each one worth asking
-        for, ranks in order; whether a request that drafts should probe the rank past its paying
-        ones this step). See the module docstring. step_seconds: plain decoding's."""
+                             step_seconds: float) -> dict[str, list[float]]:
+        """Per request that could get runners-up: the net gain, in tokens, of each one worth
+        asking for (ranks in order; see the module docstring). step_seconds: plain decoding's."""
         eligible = [r for r in requests if r.max_alternatives > 0]
-        if self.draft is None or not getattr(self.draft, "supports_alternatives", False) or not eligible:
-            return {}, False
+        if not self._names_alternatives or not eligible:
+            return {}
         if not self.config.adaptive:
-            return {r.req_id: [0.0] * min(MAX_ALTERNATIVES, r.max_alternatives) for r in eligible}, False
-        self._alternative_steps += 1
-        probe = self._alternative_steps % PROBE_EVERY == 0
+            return {r.req_id: [0.0] * min(MAX_ALTERNATIVES, r.max_alternatives) for r in eligible}
         hit_rates = self.alternative_hit_rates()
         chosen: dict[str, list[float]] = {}
         for request in eligible:
@@ -215,18 +223,19 @@ class SpeculationController:
             threshold = break_even_gain(step_seconds, batch_size, 2 * self.cost.token_seconds(
                 len(request.prompt_token_ids) + len(request.output_token_ids)))
             nets: list[float] = []
-            for hit in hit_rates[: min(MAX_ALTERNATIVES, request.max_alternatives)]:
+            for hit in hit_rates[: request.max_alternatives]:
                 if hit < threshold:  # this rank and every later one (rates fall with rank)
                     break
                 nets.append(hit - threshold)
             if nets:
                 chosen[request.req_id] = nets
-        return chosen, probe
+        return chosen
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
-              batch_size: int, step_seconds: float,
-              alternatives: dict[str, list[float]]) -> dict[str, tuple[str, int]]:
-        """(proposer, number of tokens) per request: see the module docstring."""
+              batch_size: int, step_seconds: float, alternatives: dict[str, list[float]],
+              probe_step: bool) -> dict[str, tuple[str, int]]:
+        """(proposer, number of tokens) per request: see the module docstring. probe_step: idle
+        requests probe this step."""
         contexts = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests}
         options: list[list[Candidate]] = []
         for request in requests:
@@ -246,8 +255,6 @@ class SpeculationController:
             options.append(per_request)
         run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)
         plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run)
-        self._planned_steps += 1
-        probe_step = self._planned_steps % PROBE_EVERY == 0
         chosen: dict[str, tuple[str, int]] = {}
         for req_id, (candidate, count) in plan.items():
             which = candidate.method

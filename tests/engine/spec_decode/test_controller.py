@@ -14,13 +14,16 @@ REPEATING = [5, 6, 7, 8] * 6  # the suffix proposer continues this with full con
 
 
 class CountingDraft:
-    """A draft proposer that proposes token 7 and records how many tokens it was asked for."""
+    """A draft proposer that proposes token 7 and records how many tokens it was asked for, and
+    which requests each call drafted for."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, int]] = []
+        self.calls: list[list[str]] = []
 
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
         self.asked += [(r.req_id, r.num_drafts) for r in requests]
+        self.calls.append(sorted(r.req_id for r in requests))
         return {r.req_id: Proposal([7] * r.num_drafts) for r in requests}
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
@@ -41,11 +44,16 @@ def controller(method: str, *, a: float = 0.030, b: float = 0.001, draft_seconds
     suffix = SuffixProposer() if method in ("suffix", "hybrid") else None
     config = SpeculativeConfig(method=method, num_speculative_tokens=4, adaptive=adaptive)
     spec = SpeculationController(config, suffix=suffix, draft=draft if method != "suffix" else None)
-    for n in (1, 8, 24, 8, 40, 16):
-        spec.observe_step(n, a + b * n)
+    observe_cpu_steps(spec, a, b)
     for depth, tokens in ((1, 1), (4, 4), (2, 16), (4, 32), (3, 3), (1, 8)):
         spec.draft_cost.observe(depth, tokens, draft_fixed + draft_per_depth * depth + draft_seconds * tokens)
     return spec, draft
+
+
+def observe_cpu_steps(spec: SpeculationController, a: float = 0.030, b: float = 0.001) -> None:
+    """Target steps of a + b * tokens seconds, at batch sizes spread enough to fit b."""
+    for n in (1, 8, 24, 8, 40, 16):
+        spec.observe_step(n, a + b * n)
 
 
 def test_acceptance_counts_only_tried_drafts() -> None:
@@ -139,20 +147,13 @@ def test_idle_requests_probe_in_the_same_steps() -> None:
         for _ in range(20 + 3 * i):
             spec.propose([request(name, [9])], batch_size=8)
             spec.record(name, 1, 0)
-    calls = []
-    original = draft.propose
-
-    def recording(requests):
-        calls.append(sorted(r.req_id for r in requests))
-        return original(requests)
-
-    draft.propose = recording  # type: ignore[method-assign]
+    draft.calls.clear()
     for _ in range(3 * PROBE_EVERY):
         proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
         for name in names:
             spec.record(name, len(proposals[name].token_ids), 0)
-    assert calls and all(call == names for call in calls)  # every probe step probes all four
-    assert 2 <= len(calls) <= 3  # one probe step every PROBE_EVERY steps
+    assert draft.calls and all(call == names for call in draft.calls)  # every probe step probes all four
+    assert 2 <= len(draft.calls) <= 3  # one probe step every PROBE_EVERY steps
 
 
 def test_hybrid_takes_confident_suffix_drafts_over_an_average_draft_model() -> None:
@@ -315,8 +316,7 @@ def test_reset_restarts_what_a_fresh_controller_starts_with() -> None:
     used.reset()
 
     def run(spec: SpeculationController) -> list[int]:
-        for n in (1, 8, 24, 8, 40, 16):
-            spec.observe_step(n, 0.030 + 0.001 * n)
+        observe_cpu_steps(spec)
         counts = []
         for _ in range(3 * PROBE_EVERY):
             counts.append(len(spec.propose([request("a", [9])], batch_size=8)["a"].token_ids))
