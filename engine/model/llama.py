@@ -69,6 +69,23 @@ class LlamaAttention(nn.Module):
         out = self.attn(q, k, v, kv_cache, meta)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
+    def store_kv(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden_size]
+        cos: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
+        sin: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
+        kv_cache: torch.Tensor,  # [2, num_blocks, num_kv_heads, block_size, head_dim]
+        meta: AttentionMetadata,
+    ) -> None:
+        """Only the keys/values forward would store (the same ops), for positions whose outputs
+        nobody reads."""
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        k = qkv[:, self.num_heads: self.num_heads + self.num_kv_heads]
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        self.attn.store(apply_rotary(k, cos, sin), qkv[:, self.num_heads + self.num_kv_heads:], kv_cache, meta)
+
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, arch: ArchConfig, layer_idx: int, *, dtype: torch.dtype | None,
@@ -98,6 +115,17 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.self_attn(hidden, cos, sin, kv_cache, meta)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def store_kv(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden_size]: the layer's input (first layer: no residual)
+        cos: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
+        sin: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
+        kv_cache: torch.Tensor,  # [2, num_blocks, num_kv_heads, block_size, head_dim]
+        meta: AttentionMetadata,
+    ) -> None:
+        """Writes the keys/values forward(hidden, None, ...) would, skipping attention and MLP."""
+        self.self_attn.store_kv(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -21,6 +21,20 @@ class PagedAttention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
 
+    @staticmethod
+    def store(
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor | kernels.FP8KVCache,  # as forward's
+        meta: AttentionMetadata,
+    ) -> None:
+        """Writes keys/values into their slots without attending (forward does both)."""
+        k_scale = v_scale = None
+        if isinstance(kv_cache, kernels.FP8KVCache):
+            k_scale, v_scale = kv_cache.scales[0], kv_cache.scales[1]
+            kv_cache = kv_cache.data
+        kernels.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping, k_scale, v_scale)
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -31,12 +45,12 @@ class PagedAttention(nn.Module):
         kv_cache: torch.Tensor | kernels.FP8KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        self.store(k, v, kv_cache, meta)
         k_scale = v_scale = None
         if isinstance(kv_cache, kernels.FP8KVCache):
             k_scale, v_scale = kv_cache.scales[0], kv_cache.scales[1]
             kv_cache = kv_cache.data
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         plan = meta.plans.get(self.sliding_window)
         if plan is None:
             plan = meta.plans[self.sliding_window] = kernels.plan_attention(

@@ -120,3 +120,25 @@ def test_checkpoint_without_lm_head_is_tied_even_if_config_says_not(tmp_path) ->
     prompt = random_prompts([5], arch.vocab_size, seed=8)[0]
     torch.testing.assert_close(PagedDriver(model, arch).step({0: prompt})[0], hf_logits(hf_model, prompt),
                                atol=ATOL, rtol=0)
+
+
+def test_store_kv_writes_what_forward_writes(family_models) -> None:
+    # The EAGLE head's upkeep passes write KV only (engine/spec_decode/eagle.py).
+    _, _, model, arch = family_models
+    from engine.model.attention_metadata import AttentionMetadata
+
+    torch.manual_seed(0)
+    layer = model.layers[0]
+    num_tokens, block_size = 6, 4
+    hidden = torch.randn(num_tokens, arch.hidden_size)  # [num_tokens, hidden]
+    positions = torch.arange(3, 3 + num_tokens)  # a chunk after 3 cached positions
+    cos, sin = model.rotary.cos_sin(positions, hidden.dtype)
+    meta = AttentionMetadata.build(query_lens=[num_tokens], seq_lens=[3 + num_tokens], block_ids=[[2, 0, 1]],
+                                   block_size=block_size, device="cpu")
+    shape = (2, 3, arch.num_key_value_heads, block_size, arch.head_dim)
+    by_forward, by_store = torch.zeros(shape), torch.zeros(shape)
+    with torch.inference_mode():
+        layer(hidden, None, cos, sin, by_forward, meta)
+        layer.store_kv(hidden, cos, sin, by_store, meta)
+    assert by_forward.abs().sum() > 0
+    torch.testing.assert_close(by_store, by_forward, atol=1e-6, rtol=1e-6)

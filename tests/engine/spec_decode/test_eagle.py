@@ -13,7 +13,7 @@ from drafts.eagle import TrainableEagle, init_eagle
 from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.draft_model import load_draft_model
-from engine.spec_decode.eagle import FLUSH_TOKENS, EagleProposer
+from engine.spec_decode.eagle import FLUSH_TOKENS, SPLIT_ROWS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 
 VOCAB = 4096
@@ -65,8 +65,11 @@ def test_buffered_positions_run_once_enough_pile_up(setup) -> None:
     _observe(proposer, ids, states, 0, 20)
     assert "r" not in proposer._newest and proposer._buffered["r"].count == 20 < FLUSH_TOKENS
     # The last chunk includes the newest token, which has no successor yet: it stops one short.
+    # The pass writes KV only; the newest position waits for the next draft's catch-up.
     _observe(proposer, ids, states, 20, length)
-    assert "r" not in proposer._buffered
+    assert "r" not in proposer._newest
+    assert proposer._buffered["r"].start == length - 2 and proposer._buffered["r"].count == 1
+    proposer._catch_up(["r"])
     position, state = proposer._newest["r"]
     assert position == length - 2
     torch.testing.assert_close(state, expected[length - 2], atol=2e-4, rtol=2e-4)
@@ -86,16 +89,36 @@ def _rollout(head: TrainableEagle, ids: list[int], states: torch.Tensor, k: int)
     return out
 
 
-@pytest.mark.parametrize("context", [48, 12])
+@pytest.mark.parametrize("context", [48, 12, 3])
 def test_drafts_roll_out_predicted_states(setup, context: int) -> None:
-    # 48: the positions were run when they piled up; 12: propose runs them (catch-up and first
-    # draft in one pass).
+    # 48: the positions' KV was written when they piled up; 12: propose writes all but the
+    # newest one's KV alone, then runs the newest (catch-up and first draft in one pass); 3: a
+    # chunk shorter than SPLIT_ROWS runs whole.
     head, draft, ids, states = setup
     ids, states = ids[:context], states[:context]
     proposer = _proposer(draft)
     _observe(proposer, ids, states, 0, context)
     proposal = proposer.propose([ProposalRequest("r", ids, [], num_drafts=4, block_ids=list(range(8)))])["r"]
     assert proposal.token_ids == _rollout(head, ids, states, 4)
+
+
+def test_kv_only_passes_write_what_full_passes_write(setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, draft, ids, states = setup
+    written = []
+    for split_rows in (SPLIT_ROWS, 10 ** 6):  # the older positions' KV alone first, or all in one full pass
+        monkeypatch.setattr("engine.spec_decode.eagle.SPLIT_ROWS", split_rows)
+        proposer = _proposer(draft)
+        _observe(proposer, ids[:20], states[:20], 0, 20)
+        proposer._catch_up(["r"])
+        written.append((proposer.kv_caches[0][:, :2].clone(), proposer._newest["r"]))
+    (kv_split, (pos_split, out_split)), (kv_whole, (pos_whole, out_whole)) = written
+    assert pos_split == pos_whole == 18
+    # kv [2, blocks, kv heads, BLOCK, head_dim]: positions 0..15 in block 0, 16..18 in block 1's
+    # first slots; the same ops either way (matmuls over fewer rows may round differently).
+    torch.testing.assert_close(kv_split[:, 0], kv_whole[:, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kv_split[:, 1, :, :19 - BLOCK], kv_whole[:, 1, :, :19 - BLOCK], atol=1e-5, rtol=1e-5)
+    assert kv_whole[:, 0].abs().amin(dim=-1).gt(0).any()  # written, not both left at zero
+    torch.testing.assert_close(out_split, out_whole, atol=2e-5, rtol=2e-5)
 
 
 def test_finished_requests_leave_head_kv_for_prefix_hits(setup) -> None:
@@ -107,6 +130,7 @@ def test_finished_requests_leave_head_kv_for_prefix_hits(setup) -> None:
     # A new request with the same prefix (the same blocks, as after a prefix-cache hit) computes
     # only from position 10: its head attends to the finished request's positions 0..9.
     _observe(proposer, ids, states, 10, len(ids), req_id="s")
+    proposer._catch_up(["s"])
     position, state = proposer._newest["s"]
     assert position == len(ids) - 2
     torch.testing.assert_close(state, expected[len(ids) - 2], atol=2e-4, rtol=2e-4)
