@@ -22,9 +22,13 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   the draft model runs to the depth that makes the most tokens per second (or not at all), and
   the step's extra seconds must be paid by the request that gains least (they delay it too);
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
-  for PROBE_EVERY steps probes with one on every PROBE_EVERY-th step (the same steps for all, so
-  a draft model starts once for every probe), so its estimate can recover when its text turns
-  predictable (a probe is always allowed: without it an estimate could never recover).
+  for PROBE_EVERY steps probes with one on a probe step (every PROBE_EVERY-th, the same steps for
+  all, so a draft model starts once for every probe), so its estimate can recover when its text
+  turns predictable (a probe is always allowed: without it an estimate could never recover).
+  Each probe the target rejects doubles the request's probe interval, up to MAX_PROBE_INTERVAL
+  (it then probes on steps that are multiples of its interval, so the probe steps of a longer
+  interval are probe steps of every shorter one and the draft model still starts once for all);
+  an accepted probe, or drafts the plan chose, bring it back to PROBE_EVERY.
 - Alternatives (a draft model that can name runners-up for its first token; verified by
   engine/worker/alternatives.py in two rows each): the r-th runner-up gains a token when the
   target's token is exactly it, which happens at a pooled, decaying rate per rank; it is asked for
@@ -63,6 +67,10 @@ POOLED_DECAY = 0.95  # the same for the estimate pooled over all requests (a new
 PRIOR_TRIALS = 8.0
 MAX_ACCEPTANCE = 0.99  # a draft is never sure: keeps p^j decreasing
 PROBE_EVERY = 16  # steps between single-draft probes of a request left without drafts
+# The longest wait between one request's probes, after rejected ones. At 8 streams on a CPU a
+# probe step cost ~24% of a step (the draft model's run, 8 more verified tokens): probing every
+# PROBE_EVERY steps took 1.5% of a chat batch's time, where the head's drafts never paid.
+MAX_PROBE_INTERVAL = 8 * PROBE_EVERY
 MAX_ALTERNATIVES = 3  # runners-up for a first draft at most (top-4 covers most of the head's hits)
 ALTERNATIVE_PRIOR = 0.1  # a rank's hit rate before any was verified (weighing PRIOR_TRIALS, decaying)
 
@@ -92,7 +100,9 @@ class SpeculationController:
         self.draft = draft  # DraftModelProposer or None
         self._acceptance: dict[tuple[str, str], Acceptance] = {}  # (req_id, method) -> estimate
         self._method: dict[str, str] = {}  # req_id -> which proposer drafted its pending tokens
-        self._idle_steps: dict[str, int] = {}  # req_id -> steps since it last got drafts
+        self._idle_steps: dict[str, int] = {}  # req_id -> steps since it last got drafts or probed
+        self._probe_interval: dict[str, int] = {}  # req_id -> its wait between probes, if not PROBE_EVERY
+        self._probing: set[str] = set()  # requests whose pending drafts are a probe
         self.proposer_seconds = 0.0
         self._start_learning()
 
@@ -127,6 +137,10 @@ class SpeculationController:
     def record(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
         """Verification result of the drafts a request proposed last step."""
         method = self._method.get(req_id)
+        if req_id in self._probing and num_drafted > 0:
+            self._probing.discard(req_id)
+            interval = self._probe_interval.get(req_id, PROBE_EVERY)
+            self._probe_interval[req_id] = PROBE_EVERY if num_accepted else min(2 * interval, MAX_PROBE_INTERVAL)
         if num_drafted == 0 or method is None:
             return
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
@@ -168,7 +182,7 @@ class SpeculationController:
             probe_step = self._planned_steps % PROBE_EVERY == 0
         alternatives = self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
-            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, probe_step)
+            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives)
         else:  # everything, always: suffix where it has a proposal, else the draft model
             chosen = {r.req_id: ("suffix" if method == "suffix" or (method == "hybrid" and suffix[r.req_id].token_ids)
                                  else "draft", r.num_drafts) for r in requests}
@@ -233,9 +247,8 @@ class SpeculationController:
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
               batch_size: int, step_seconds: float, alternatives: dict[str, list[float]],
-              probe_step: bool) -> dict[str, tuple[str, int]]:
-        """(proposer, number of tokens) per request: see the module docstring. probe_step: idle
-        requests probe this step."""
+              ) -> dict[str, tuple[str, int]]:
+        """(proposer, number of tokens) per request: see the module docstring."""
         contexts = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests}
         options: list[list[Candidate]] = []
         for request in requests:
@@ -256,17 +269,23 @@ class SpeculationController:
         run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)
         plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run)
         chosen: dict[str, tuple[str, int]] = {}
+        self._probing.clear()
         for req_id, (candidate, count) in plan.items():
             which = candidate.method
             if count > 0 or not candidate.gains:
                 self._idle_steps.pop(req_id, None)
+                if count > 0:
+                    self._probe_interval.pop(req_id, None)
             else:
                 idle = self._idle_steps.get(req_id, 0) + 1
-                self._idle_steps[req_id] = idle
                 # On the same steps for every idle request: a draft model started for one probe
                 # costs its whole start (at 8 streams, staggered probes ran the head on half of
-                # all steps for one token each).
-                count = 1 if probe_step and idle >= PROBE_EVERY else 0
+                # all steps for one token each). Intervals are PROBE_EVERY times powers of 2.
+                interval = self._probe_interval.get(req_id, PROBE_EVERY)
+                if self._planned_steps % interval == 0 and idle >= PROBE_EVERY:
+                    count, idle = 1, 0
+                    self._probing.add(req_id)
+                self._idle_steps[req_id] = idle
             chosen[req_id] = (which, count)
         return chosen
 
@@ -284,6 +303,8 @@ class SpeculationController:
         for method in ("suffix", "draft"):
             self._acceptance.pop((req_id, method), None)
         self._idle_steps.pop(req_id, None)
+        self._probe_interval.pop(req_id, None)
+        self._probing.discard(req_id)
         self._method.pop(req_id, None)
         if self.suffix is not None:
             self.suffix.finish(req_id, output_token_ids)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SpeculativeConfig
-from engine.spec_decode.controller import PROBE_EVERY, Acceptance, SpeculationController
+from engine.spec_decode.controller import MAX_PROBE_INTERVAL, PROBE_EVERY, Acceptance, SpeculationController
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
@@ -139,21 +139,49 @@ def test_a_failing_draft_model_switches_off_and_probes() -> None:
 
 
 def test_idle_requests_probe_in_the_same_steps() -> None:
-    """Requests switched off at different times probe together: the draft model starts once per
-    probe step, not once per request."""
+    """Requests switched off at different times, and backed off to different probe intervals,
+    probe together: the draft model starts once per probe step, not once per request."""
     spec, draft = controller("draft")
     names = [f"r{i}" for i in range(4)]
     for i, name in enumerate(names):  # each fails a different number of times
         for _ in range(20 + 3 * i):
             spec.propose([request(name, [9])], batch_size=8)
             spec.record(name, 1, 0)
+    assert spec._probe_interval.get("r0", PROBE_EVERY) < spec._probe_interval["r3"]  # r3 probed alone already
     draft.calls.clear()
-    for _ in range(3 * PROBE_EVERY):
+    probe_clock = []
+    for _ in range(20 * PROBE_EVERY):
+        calls = len(draft.calls)
         proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
+        if len(draft.calls) > calls:
+            probe_clock.append(spec._planned_steps)
         for name in names:
             spec.record(name, len(proposals[name].token_ids), 0)
-    assert draft.calls and all(call == names for call in draft.calls)  # every probe step probes all four
-    assert 2 <= len(draft.calls) <= 3  # one probe step every PROBE_EVERY steps
+    assert all(step % PROBE_EVERY == 0 for step in probe_clock)
+    # The shorter intervals catch up with the longer ones on a shared step; from then on one
+    # draft-model start probes all four, at their backed-off intervals.
+    assert len(draft.calls) >= 4 and all(call == names for call in draft.calls[1:])
+    assert [b - a for a, b in zip(probe_clock[1:], probe_clock[2:])][-1] == MAX_PROBE_INTERVAL
+
+
+def test_rejected_probes_back_off_and_an_accepted_one_resets() -> None:
+    spec, _ = controller("draft")
+    for _ in range(20):
+        spec.propose([request("a", [9])], batch_size=8)
+        spec.record("a", 1, 0)
+    probe_clock = []
+    for _ in range(60 * PROBE_EVERY):
+        drafted = len(spec.propose([request("a", [9])], batch_size=8)["a"].token_ids)
+        if drafted:
+            probe_clock.append(spec._planned_steps)
+        spec.record("a", drafted, 1 if drafted and len(probe_clock) == 7 else 0)  # only the 7th is accepted
+    assert MAX_PROBE_INTERVAL == 8 * PROBE_EVERY
+    # Each rejection doubles the interval: the k-th probe falls on a multiple of it.
+    intervals = [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY] + [MAX_PROBE_INTERVAL] * 4
+    assert all(step % interval == 0 for step, interval in zip(probe_clock, intervals))
+    gaps = [b - a for a, b in zip(probe_clock, probe_clock[1:])]
+    assert gaps[3:6] == [MAX_PROBE_INTERVAL] * 3
+    assert gaps[6] == PROBE_EVERY  # the 7th was accepted: back to PROBE_EVERY
 
 
 def test_hybrid_takes_confident_suffix_drafts_over_an_average_draft_model() -> None:
