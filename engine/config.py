@@ -24,7 +24,8 @@ class ModelConfig:
     """Which weights to run and how.
 
     model: None for the embedded default (SmolLM2-135M-Instruct GGUF), else a GGUF file or a
-    Hugging Face checkpoint folder. dtype "auto" means float32 on CPU and bfloat16 on CUDA.
+    Hugging Face checkpoint folder. dtype "auto" means bfloat16 on CUDA and on CPUs with native
+    bf16 (AMX or AVX512-BF16), float32 on other CPUs.
     max_model_len: None takes the model's own context length.
     """
 

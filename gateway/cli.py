@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--accept-any-model", action="store_true",
                        help="serve requests whatever 'model' they name, instead of answering 404")
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                       help="weights and activations dtype (auto: bfloat16 on CUDA and on CPUs with AMX-BF16, else float32)")
+                       help="weights and activations dtype (auto: bfloat16 on CUDA and on CPUs with native bf16, AMX or AVX512-BF16; else float32)")
     model.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                        help="weight-only quantization at load (int8 per channel, int4 group-wise, fp8), or name "
                             "the format of a GPTQ/AWQ checkpoint (detected from its config.json anyway)")

@@ -114,9 +114,9 @@ def ttft(llm: LLM, prompt: list[int], repeats: int) -> float:
 
 
 def default_dtypes() -> list[str]:
-    from engine.worker.model_runner import cpu_has_amx_bf16
+    from kernels.onednn_linear import onednn_bf16_available
 
-    return ["float32", "bfloat16"] if cpu_has_amx_bf16() else ["float32"]
+    return ["float32", "bfloat16"] if onednn_bf16_available() else ["float32"]
 
 
 def measure_dtype(dtype: str, args: argparse.Namespace) -> list[str]:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--hf-batch-size", type=int, default=64, help="transformers generate() batch size")
     parser.add_argument("--dtypes", default=None,
-                        help="comma-separated; default float32, plus bfloat16 when the CPU has AMX")
+                        help="comma-separated; default float32, plus bfloat16 when the CPU has native bf16 (AMX or AVX512-BF16)")
     parser.add_argument("--decode-tokens", type=int, default=256, help="single-stream decode length")
     parser.add_argument("--ttft-prompt-len", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)

@@ -6,7 +6,7 @@ in one run against float32.
 Rows (the embedded SmolLM2-135M-Instruct, 2 threads):
 - float32: F.linear on float32 weights (the reference);
 - bfloat16 plain: F.linear on bf16 weights (what the engine did before prepacking);
-- bfloat16: the engine's default on CPUs with AMX, linears prepacked for oneDNN;
+- bfloat16: the engine's default on CPUs with native bf16 (AMX, AVX512-BF16), linears prepacked for oneDNN;
 - int8 / int4 / fp8: weight-only quantization at load, bf16 activations (--quantization).
 
 Perplexity: one forward over the first --ppl-tokens tokens of text that every machine has and

@@ -31,7 +31,8 @@ def llm() -> LLM:
 
 
 def test_auto_dtype_answers() -> None:
-    # auto: bfloat16 on CPUs with AMX, float32 elsewhere; either way the model must answer.
+    # auto: bfloat16 on CPUs with native bf16 (AMX or AVX512-BF16), float32 elsewhere; either way
+    # the model must answer.
     llm = LLM(kv_cache_memory="64MiB")
     out = llm.generate(["The capital of France is"] * 5, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     assert all(o.text.startswith(" Paris") for o in out), [o.text for o in out]
