@@ -174,6 +174,13 @@ class SpeculationController:
             return {}
         started = time.perf_counter()
         method = self.config.method
+        if self.config.adaptive and not self.cost.identified:
+            # Until the step's price per token is known (the prefill and the first plain decode
+            # step tell it), tokens look free and the plan would draft k for every request: at 8
+            # streams on a CPU that first step cost over a step more for a fraction of a step's
+            # tokens. One draft each still supplies the spread of token counts the fit needs.
+            for request in requests:
+                request.num_drafts = min(request.num_drafts, 1)
         suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
         step_seconds, probe_step = 0.0, False
         if self.config.adaptive:
@@ -230,6 +237,8 @@ class SpeculationController:
             return {}
         if not self.config.adaptive:
             return {r.req_id: [0.0] * min(MAX_ALTERNATIVES, r.max_alternatives) for r in eligible}
+        if not self.cost.identified:
+            return {}  # two rows each, priced at nothing: not before the price is known
         hit_rates = self.alternative_hit_rates()
         chosen: dict[str, list[float]] = {}
         for request in eligible:

@@ -354,3 +354,20 @@ def test_reset_restarts_what_a_fresh_controller_starts_with() -> None:
     expected = run(fresh)
     assert 0 < expected.count(1) < len(expected)  # it switched off and probed
     assert run(used) == expected
+
+
+def test_before_the_step_price_is_known_one_draft_each_and_no_runners_up() -> None:
+    config = SpeculativeConfig(method="draft", num_speculative_tokens=4, adaptive=True)
+    draft = RunnersUpDraft()
+    spec = SpeculationController(config, suffix=None, draft=draft)
+    batch = [ProposalRequest(f"r{i}", [1, 2, 3], [4], num_drafts=4, max_alternatives=3) for i in range(8)]
+    proposals = spec.propose(batch, batch_size=8)  # nothing measured: tokens look free
+    assert [len(proposals[r.req_id].token_ids) for r in batch] == [1] * 8
+    assert [r.num_alternatives for r in batch] == [0] * 8
+    spec.observe_step(200, 0.3)  # a prefill: one token count, no slope yet
+    proposals = spec.propose([request("a", [4])], batch_size=1)
+    assert len(proposals["a"].token_ids) == 1
+    spec.observe_step(1, 0.03)  # the first decode step: the slope is known
+    assert spec.cost.identified
+    single = ProposalRequest("a", [1, 2, 3], [4], num_drafts=4, max_alternatives=3)
+    assert len(spec.propose([single], batch_size=1)["a"].token_ids) > 1 and single.num_alternatives > 0
