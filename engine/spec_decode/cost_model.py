@@ -22,8 +22,9 @@ Two prices come out of it (engine/spec_decode/controller.py uses both):
 The fit is least squares with exponential forgetting (recent observations count most: the batch,
 the contexts and the machine's load drift). The slopes are only identifiable when the regressors
 vary; while x does not, the last well-posed fit is kept; while x and y move together, y is left
-out (c = 0, b takes both). Before any fit, b = c = 0 and a is the mean: work looks free, so
-speculation starts on and its own steps supply the spread. A slope is never negative (more work
+out (c = 0, b takes both). Before any fit, b = c = 0 and a is the mean: work looks free (the
+controller then drafts one token per request, no more, so its own steps supply the spread when
+the prefill and plain decode steps do not). A slope is never negative (more work
 never costs less).
 """
 
