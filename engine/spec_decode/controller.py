@@ -68,8 +68,9 @@ PRIOR_TRIALS = 8.0
 MAX_ACCEPTANCE = 0.99  # a draft is never sure: keeps p^j decreasing
 PROBE_EVERY = 16  # steps between single-draft probes of a request left without drafts
 # The longest wait between one request's probes, after rejected ones. At 8 streams on a CPU a
-# probe step cost ~24% of a step (the draft model's run, 8 more verified tokens): probing every
-# PROBE_EVERY steps took 1.5% of a chat batch's time, where the head's drafts never paid.
+# probe step costs a quarter to a third of a step more (the draft model's run, 8 more verified
+# tokens): probing every PROBE_EVERY steps took 1.5% of a chat batch's time (float32), where the
+# head's drafts rarely paid.
 MAX_PROBE_INTERVAL = 8 * PROBE_EVERY
 MAX_ALTERNATIVES = 3  # runners-up for a first draft at most (top-4 covers most of the head's hits)
 ALTERNATIVE_PRIOR = 0.1  # a rank's hit rate before any was verified (weighing PRIOR_TRIALS, decaying)

@@ -29,11 +29,8 @@ class PagedAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> None:
         """Writes keys/values into their slots without attending (forward does both)."""
-        k_scale = v_scale = None
-        if isinstance(kv_cache, kernels.FP8KVCache):
-            k_scale, v_scale = kv_cache.scales[0], kv_cache.scales[1]
-            kv_cache = kv_cache.data
-        kernels.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping, k_scale, v_scale)
+        k_cache, v_cache, k_scale, v_scale = _unwrap(kv_cache)
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
 
     def forward(
         self,
@@ -46,11 +43,7 @@ class PagedAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.store(k, v, kv_cache, meta)
-        k_scale = v_scale = None
-        if isinstance(kv_cache, kernels.FP8KVCache):
-            k_scale, v_scale = kv_cache.scales[0], kv_cache.scales[1]
-            kv_cache = kv_cache.data
-        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        k_cache, v_cache, k_scale, v_scale = _unwrap(kv_cache)
         plan = meta.plans.get(self.sliding_window)
         if plan is None:
             plan = meta.plans[self.sliding_window] = kernels.plan_attention(
@@ -59,3 +52,11 @@ class PagedAttention(nn.Module):
         return kernels.paged_attention(q, k_cache, v_cache, meta.block_table, meta.query_start_loc_cpu,
                                        meta.seq_lens_cpu, self.scale, self.sliding_window, plan=plan,
                                        k_scale=k_scale, v_scale=v_scale)
+
+
+def _unwrap(kv_cache: torch.Tensor | kernels.FP8KVCache,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(k cache, v cache, k scales or None, v scales or None) of a layer's cache."""
+    if isinstance(kv_cache, kernels.FP8KVCache):
+        return kv_cache.data[0], kv_cache.data[1], kv_cache.scales[0], kv_cache.scales[1]
+    return kv_cache[0], kv_cache[1], None, None
