@@ -46,6 +46,10 @@ class LlamaAttention(nn.Module):
                                    scale=self.head_dim ** -0.5,
                                    sliding_window=arch.sliding_window_for_layer(layer_idx))
 
+    def _qkv(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[num_tokens, hidden_size] -> [num_tokens, num_heads + 2 * num_kv_heads, head_dim]."""
+        return self.qkv_proj(hidden).view(hidden.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+
     def forward(
         self,
         hidden: torch.Tensor,  # [num_tokens, hidden_size]
@@ -55,7 +59,7 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qkv = self._qkv(hidden)
         num_qk_heads = self.num_heads + self.num_kv_heads
         v = qkv[:, num_qk_heads:]  # [num_tokens, num_kv_heads, head_dim]
         if self.q_norm is None:
@@ -69,18 +73,11 @@ class LlamaAttention(nn.Module):
         out = self.attn(q, k, v, kv_cache, meta)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
-    def store_kv(
-        self,
-        hidden: torch.Tensor,  # [num_tokens, hidden_size]
-        cos: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
-        sin: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
-        kv_cache: torch.Tensor,  # [2, num_blocks, num_kv_heads, block_size, head_dim]
-        meta: AttentionMetadata,
-    ) -> None:
-        """Only the keys/values forward would store (the same ops), for positions whose outputs
-        nobody reads."""
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+    def store_kv(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None:
+        """forward's arguments; stores only the keys/values forward would (the same ops), for
+        positions whose outputs nobody reads."""
+        qkv = self._qkv(hidden)
         k = qkv[:, self.num_heads: self.num_heads + self.num_kv_heads]
         if self.k_norm is not None:
             k = self.k_norm(k)
@@ -116,15 +113,10 @@ class LlamaDecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
-    def store_kv(
-        self,
-        hidden: torch.Tensor,  # [num_tokens, hidden_size]: the layer's input (first layer: no residual)
-        cos: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
-        sin: torch.Tensor,  # [num_tokens, 1, head_dim // 2]
-        kv_cache: torch.Tensor,  # [2, num_blocks, num_kv_heads, block_size, head_dim]
-        meta: AttentionMetadata,
-    ) -> None:
-        """Writes the keys/values forward(hidden, None, ...) would, skipping attention and MLP."""
+    def store_kv(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None:
+        """Writes the keys/values forward(hidden, None, cos, sin, kv_cache, meta) would (hidden:
+        the layer's input, no residual before it), skipping attention and MLP."""
         self.self_attn.store_kv(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
 
 
