@@ -141,7 +141,10 @@ class SpeculationController:
         if req_id in self._probing and num_drafted > 0:
             self._probing.discard(req_id)
             interval = self._probe_interval.get(req_id, PROBE_EVERY)
-            self._probe_interval[req_id] = PROBE_EVERY if num_accepted else min(2 * interval, MAX_PROBE_INTERVAL)
+            if num_accepted:
+                self._probe_interval.pop(req_id, None)
+            else:
+                self._probe_interval[req_id] = min(2 * interval, MAX_PROBE_INTERVAL)
         if num_drafted == 0 or method is None:
             return
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
@@ -175,11 +178,13 @@ class SpeculationController:
             return {}
         started = time.perf_counter()
         method = self.config.method
-        if self.config.adaptive and not self.cost.identified:
+        unpriced = self.config.adaptive and not self.cost.identified
+        if unpriced:
             # Until the step's price per token is known (the prefill and the first plain decode
-            # step tell it), tokens look free and the plan would draft k for every request: at 8
-            # streams on a CPU that first step cost over a step more for a fraction of a step's
-            # tokens. One draft each still supplies the spread of token counts the fit needs.
+            # step tell it), tokens look free and the plan would draft k for every request, and
+            # ask every runner-up (two rows each): at 8 streams on a CPU that first step cost
+            # over a step more for a fraction of a step's tokens. One draft each, no runners-up,
+            # still supplies the spread of token counts the fit needs.
             for request in requests:
                 request.num_drafts = min(request.num_drafts, 1)
         suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
@@ -188,7 +193,7 @@ class SpeculationController:
             step_seconds = self._plain_step_seconds(requests, batch_size)
             self._planned_steps += 1
             probe_step = self._planned_steps % PROBE_EVERY == 0
-        alternatives = self._alternatives_to_ask(requests, batch_size, step_seconds)
+        alternatives = {} if unpriced else self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
             chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives)
         else:  # everything, always: suffix where it has a proposal, else the draft model
@@ -238,8 +243,6 @@ class SpeculationController:
             return {}
         if not self.config.adaptive:
             return {r.req_id: [0.0] * min(MAX_ALTERNATIVES, r.max_alternatives) for r in eligible}
-        if not self.cost.identified:
-            return {}  # two rows each, priced at nothing: not before the price is known
         hit_rates = self.alternative_hit_rates()
         chosen: dict[str, list[float]] = {}
         for request in eligible:

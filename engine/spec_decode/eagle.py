@@ -175,8 +175,7 @@ class EagleProposer:
                 head, chunk = chunk.split_newest()
                 heads.append(head)
             chunks.append(chunk)
-        if heads:
-            self._pass(heads, kv_only=True)
+        self._pass(heads, kv_only=True)
         if chunks:
             out = self._pass(chunks)
             assert out is not None
