@@ -112,14 +112,78 @@ def test_draft_model_length_follows_its_cost() -> None:
 
 
 def test_at_batch_8_one_request_without_drafts_gates_the_others() -> None:
+    """A request with nothing to draft, and no drafts that ever paid, gates the batch; once the
+    others' drafts have paid, they draft alone."""
     spec, _ = controller("suffix")
-    batch = [request(f"r{i}", REPEATING) for i in range(7)] + [request("new", [40, 41, 42])]
+    seven = [f"r{i}" for i in range(7)]
+    batch = [request(name, REPEATING) for name in seven] + [request("new", [40, 41, 42])]
     proposals = spec.propose(batch, batch_size=8)
     assert all(not proposals[r.req_id].token_ids for r in batch)
-    # Without the one that gains nothing, the seven get their confident drafts.
-    seven = [request(f"r{i}", REPEATING) for i in range(7)]
-    proposals = spec.propose(seven, batch_size=7)
-    assert all(len(proposals[r.req_id].token_ids) >= 1 for r in seven)
+    drafted = run_batch(spec, seven, 3 * PROBE_EVERY)
+    assert drafted[-1] == 7 * 4
+    for name in seven:  # (the new request's standing fades: it shares no step with them)
+        spec.finish(name, None)
+    spec, _ = controller("suffix")
+    run_batch(spec, seven, 3 * PROBE_EVERY)
+    assert run_batch(spec, seven, 1) == [28]
+    drafted = []
+    for _ in range(5 * PROBE_EVERY):  # the eighth joins and never has anything to draft
+        batch = [request(name, REPEATING) for name in seven] + [request("new", [40, 41, 42])]
+        proposals = spec.propose(batch, batch_size=8)
+        for name in seven:
+            spec.record(name, len(proposals[name].token_ids), len(proposals[name].token_ids))
+        drafted.append(sum(len(p.token_ids) for p in proposals.values()))
+    # It starts from the seven's rate, which fades: then hardly a token a step where they drafted 28.
+    assert drafted[0] == 28 and sum(drafted[-PROBE_EVERY:]) <= PROBE_EVERY
+
+
+def run_batch(spec: SpeculationController, names: list[str], steps: int, rejecting: str | None = None) -> list[int]:
+    """Steps of a batch that all continue REPEATING; every draft is accepted except the rejecting
+    request's. Tokens drafted per step."""
+    drafted = []
+    for _ in range(steps):
+        proposals = spec.propose([request(name, REPEATING) for name in names], batch_size=len(names))
+        drafted.append(sum(len(p.token_ids) for p in proposals.values()))
+        for name in names:
+            count = len(proposals[name].token_ids)
+            spec.record(name, count, 0 if name == rejecting else count)
+    return drafted
+
+
+def test_the_gate_opens_as_every_requests_drafts_pay_and_stays_shut_for_one_that_gains_nothing() -> None:
+    """At batch 8 on a CPU-like step a token costs 1 ms of 38: nothing fits in the tolerance, so
+    drafting starts from the probes; as every request's accepted drafts raise its standing gain
+    the gate opens to all four drafts each. One request whose drafts are all rejected keeps its
+    standing at nothing, and the others get nothing but probes."""
+    names = [f"r{i}" for i in range(8)]
+    spec, _ = controller("suffix")
+    drafted = run_batch(spec, names, 4 * PROBE_EVERY)
+    assert drafted[: PROBE_EVERY - 1] == [0] * (PROBE_EVERY - 1) and drafted[PROBE_EVERY - 1] == 8  # the probes
+    assert drafted[-PROBE_EVERY:] == [32] * PROBE_EVERY
+    spec, _ = controller("suffix")
+    drafted = run_batch(spec, names, 4 * PROBE_EVERY, rejecting="r7")
+    # Its standing starts from the others' rate (what requests gain), which fades: after that,
+    # nothing but the probes.
+    probe_steps = [step for step, count in enumerate(drafted) if count and step >= 2 * PROBE_EVERY]
+    assert probe_steps and all((step + 1) % PROBE_EVERY == 0 for step in probe_steps)
+    assert max(drafted[2 * PROBE_EVERY:]) == 8
+    # While the gate is shut the proposer does not even run, but on the probe steps.
+    calls = []
+    real_propose = spec.suffix.propose
+    spec.suffix.propose = lambda requests: calls.append(len(requests)) or real_propose(requests)
+    drafted = run_batch(spec, names, 2 * PROBE_EVERY, rejecting="r7")
+    assert len([count for count in drafted if count]) == 2 and calls == [8, 8]
+
+
+def test_a_new_request_starts_from_the_pooled_standing_gain() -> None:
+    """Requests that come after well-paying ones start with their standing gain and draft from
+    their first step; without such a history a new batch starts gated."""
+    names = [f"r{i}" for i in range(8)]
+    spec, _ = controller("suffix")
+    run_batch(spec, names, 4 * PROBE_EVERY)
+    for name in names:
+        spec.finish(name, None)
+    assert run_batch(spec, [f"n{i}" for i in range(8)], 1) == [32]
 
 
 def test_a_failing_draft_model_switches_off_and_probes() -> None:
@@ -295,12 +359,18 @@ def test_runners_up_are_asked_while_their_hit_rate_pays_for_two_rows() -> None:
     # At batch 8 two rows cost 8 tokens' worth of plain decoding: 0.1 does not pay.
     fresh, fresh_draft = runners_up_controller()
     assert asked(fresh, fresh_draft, batch_size=8) == 0
-    # Several drafting requests: one of them probes (the rate is pooled), the others get the
-    # paying rank only.
-    batch = [[ProposalRequest(f"r{i}", [1, 2, 3], [4], num_drafts=4, max_alternatives=3) for i in range(4)]
-             for _ in range(PROBE_EVERY)]
-    for step in batch:
-        spec.propose(step, batch_size=1)
+    # Several drafting requests (once their drafts have paid: the fairness gate): one of them
+    # probes (the rate is pooled), the others get the paying rank only.
+    def step_of_four() -> list[ProposalRequest]:
+        step = [ProposalRequest(f"r{i}", [1, 2, 3], [4], num_drafts=4, max_alternatives=3) for i in range(4)]
+        proposals = spec.propose(step, batch_size=1)
+        for r in step:
+            spec.record(r.req_id, len(proposals[r.req_id].token_ids), len(proposals[r.req_id].token_ids))
+        return step
+
+    for _ in range(2 * PROBE_EVERY):
+        step_of_four()
+    batch = [step_of_four() for _ in range(PROBE_EVERY)]
     counts = sorted(r.num_alternatives for step in batch for r in step)
     assert counts == [1] * (4 * PROBE_EVERY - 1) + [2]
 

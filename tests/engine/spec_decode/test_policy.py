@@ -194,3 +194,20 @@ def test_draft_cost_model_separates_start_depth_and_tokens() -> None:
     assert cost.per_token == pytest.approx(0.0001)
     assert cost.seconds(4, 32) == pytest.approx(0.002 + 0.0088 + 0.0032)
     assert cost.seconds(0, 0) == 0.0
+
+
+def test_the_gate_takes_the_requests_standing_gains_not_this_steps() -> None:
+    # Seven confident requests and one with nothing to draft this step, but whose drafts have
+    # gained it 0.5 tokens a step: the step may cost 0.52 of a step (20.8 ms), the best 20 tokens.
+    batch = [Candidate(f"r{i}", geometric(0.96), 0.001) for i in range(7)] + [Candidate("idle", [], 0.001)]
+    standing = {c.req_id: 0.5 for c in batch}
+    counts = plan_drafts(batch, step_seconds=0.040, batch_size=8, standing=standing)
+    assert counts == {"r0": 3, "r1": 3, "r2": 3, "r3": 3, "r4": 3, "r5": 3, "r6": 2, "idle": 0}
+    # One whose drafts gained it nothing holds the step to the tolerance, as this step's gains
+    # would (a request missing from the standing gains counts as gaining nothing).
+    assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8, standing={**standing, "idle": 0.0}).values()) == 0
+    del standing["idle"]
+    assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8, standing=standing).values()) == 0
+    # Enough standing for everything: the throughput break-even alone decides.
+    assert plan_drafts(batch, step_seconds=0.040, batch_size=8, standing={c.req_id: 1.0 for c in batch}) == {
+        **{f"r{i}": 4 for i in range(7)}, "idle": 0}
