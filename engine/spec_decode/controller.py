@@ -20,10 +20,10 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   the two.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
   the draft model runs to the depth that makes the most tokens per second (or not at all), and
-  the step's extra seconds must be paid by the request that gains least per step (they delay it
-  too): its standing gain, the drafted tokens the target accepted for it per step over its recent
-  steps (those without drafts count 0), shrunk toward the same rate pooled over all requests
-  (policy.py's fairness gate);
+  what the others' drafts add to a request's step must be paid by its standing gain (they delay
+  it too): the drafted tokens the target accepted for it per step over its recent steps (those
+  without drafts count 0), with a fading prior at the rate pooled over all requests (policy.py's
+  fairness gate). Steps on which the gate lets nothing through skip proposing and planning.
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
   for PROBE_EVERY steps probes with one on a probe step (every PROBE_EVERY-th, the same steps for
   all, so a draft model starts once for every probe), so its estimate can recover when its text

@@ -20,15 +20,16 @@ Pure arithmetic, no state (the controller keeps the estimates; tests pin the dec
   benchmark group) gets slower when drafts finish the predictable requests early while the
   unpredictable one, which sets the pace, pays for them every step. A request is not slowed while
   the extra seconds it waits are paid by what it gains over its steps: sum(extra) <=
-  step_seconds * sum(its gains). So a step's extra must fit in step_seconds * (the least standing
-  gain + tolerance), a request's standing gain being what its drafts gain it per step (measured
-  by the controller); a plan that does not fit shrinks to the best tokens that do (a draft
-  model's run costs included). Without standing gains this step's expected gains
-  stand in: the least gaining request pays for the whole step, and where it gains nothing only
-  the tolerance is spent. That is too strict where every request's text repeats now and then:
-  code at 8 streams, where some request has nothing to draft at nearly every step, held suffix
-  drafting to 0.96-0.97x of none, where drafting every proposal made 1.17x and the standing gain
-  1.13x (bf16, this machine).
+  step_seconds * sum(its gains). So what the other requests' drafts add to a request's step must
+  fit in step_seconds * (its standing gain + tolerance), its standing gain being what its drafts
+  gain it per step (measured by the controller; its own tokens are its own bet, priced at
+  break-even, so a request alone is never gated); a plan that does not fit is trimmed to the
+  tokens that fit in the least standing gain's budget, for all (a draft model's run costs
+  included). Without standing gains this step's expected gains stand in: the least gaining
+  request pays for the whole step, and where it gains nothing only the tolerance is spent. That
+  is too strict where every request's text repeats now and then: code at 8 streams, where some
+  request has nothing to draft at nearly every step, held suffix drafting to 0.95-0.97x of none,
+  where drafting every proposal made 1.17x and standing gains 1.14x (bf16, this machine).
 """
 
 from __future__ import annotations
@@ -162,10 +163,11 @@ def _fair(plan: list[tuple[_Option, int]], run: DraftRun, extra: float, step_sec
     extra less its own tokens (and the draft model's run, when it drafts too: the run is then its
     own as well) <= step_seconds * (standing + tolerance). Its own tokens are its own bet, priced
     at break-even; so a request alone is never gated."""
+    run_seconds = run.seconds(max((count for o, count in plan if o.candidate.method == "draft"), default=0))
     for o, count in plan:
         others = extra - count * o.candidate.token_seconds
         if count and o.candidate.method == "draft":
-            others -= run.seconds(max((c for p, c in plan if p.candidate.method == "draft"), default=0))
+            others -= run_seconds
         if others > step_seconds * (standing.get(o.candidate.req_id, 0.0) + tolerance) * (1 + 1e-9):
             return False
     return True
