@@ -8,8 +8,9 @@ so the loader copies every checkpoint tensor straight into its rows.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from kernels import padded_linear
 
 
 class Linear(nn.Module):
@@ -35,7 +36,7 @@ class Linear(nn.Module):
         return slice(start, start + self.output_sizes[shard])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, input_size] -> [num_tokens, output_size]
-        return F.linear(x, self.weight, self.bias)
+        return padded_linear.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}"

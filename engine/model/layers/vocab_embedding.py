@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import padded_linear
+
 
 class VocabEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype | None = None,
@@ -34,4 +36,4 @@ class LMHead(nn.Module):
                                        requires_grad=False)  # [vocab_size, hidden_size]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab] fp32
-        return F.linear(hidden, self.weight).float()
+        return padded_linear.linear(hidden, self.weight).float()
