@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from engine.config import SpeculativeConfig
 from engine.spec_decode.cost_model import DraftCostModel, StepCostModel
-from engine.spec_decode.policy import TOLERANCE, Candidate, DraftRun, break_even_gain, plan_step
+from engine.spec_decode.policy import Candidate, DraftRun, break_even_gain, gate_shut, plan_step
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
@@ -227,7 +227,8 @@ class SpeculationController:
             self._planned_steps += 1
             probe_step = self._planned_steps % PROBE_EVERY == 0
             standing = self._standing_gains(requests)
-            if not (unpriced or probe_step) and self._gate_shut(standing, step_seconds, batch_size):
+            if (not (unpriced or probe_step) and batch_size >= 2
+                    and gate_shut(standing.values(), step_seconds, self.cost.token_seconds(0))):
                 self._skip_step(requests)
                 self.proposer_seconds += time.perf_counter() - started
                 return {request.req_id: Proposal([]) for request in requests}
@@ -297,27 +298,14 @@ class SpeculationController:
                 chosen[request.req_id] = nets
         return chosen
 
-    def _gate_shut(self, standing: dict[str, float], step_seconds: float, batch_size: int) -> bool:
-        """Whether the fairness gate would let no drafted token through this step, whatever is
-        proposed: the least standing gain (with the tolerance) pays less than the cheapest
-        verified token, so any plan in which another request drafts is trimmed to nothing
-        (policy.py). The one plan missed is the least standing request drafting alone, which
-        the others' standing might pay for: rare, and skipping it only drafts less. Alone, a
-        request's tokens are its own bet: never shut."""
-        if batch_size < 2 or len(standing) < 2:
-            return False
-        return step_seconds * (min(standing.values()) + TOLERANCE) < self.cost.token_seconds(0)
-
     def _skip_step(self, requests: list[ProposalRequest]) -> None:
         """A step the gate keeps shut: no proposer runs (the suffix index and a draft model
         catch up on these tokens when they next propose); the requests only wait toward their
         next probe. At 8 chat streams on a CPU the gate is shut on most steps, and proposing
         and planning for nothing cost 2-4% of each (hybrid: both proposers)."""
-        default = "draft" if self.config.method == "draft" else "suffix"
         for request in requests:
             request.num_drafts = 0
             request.num_alternatives = 0
-            self._method.setdefault(request.req_id, default)
             self._idle_steps[request.req_id] = self._idle_steps.get(request.req_id, 0) + 1
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
@@ -390,7 +378,7 @@ class SpeculationController:
         """Forgets what earlier requests taught: pooled acceptance, measured step and draft-model costs,
         the suffix index of their outputs. A fresh engine's state, so a benchmark can compare methods
         on the same prompts without building engines again. Only between requests."""
-        if self._method or self._acceptance:
+        if self._method or self._acceptance or self._standing:
             raise RuntimeError("reset_speculation needs an idle engine: requests are running")
         self._start_learning()
         if self.suffix is not None:

@@ -34,7 +34,7 @@ Pure arithmetic, no state (the controller keeps the estimates; tests pin the dec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 # Share of a step by which speculation may slow a request that gains nothing from it. A GPU's
@@ -67,6 +67,17 @@ def break_even_gain(step_seconds: float, batch_size: int, token_seconds: float) 
     if step_seconds <= 0:
         return 0.0  # nothing measured yet: tokens look free
     return token_seconds * batch_size / step_seconds
+
+
+def gate_shut(standing: Iterable[float], step_seconds: float, cheapest_token_seconds: float,
+              tolerance: float = TOLERANCE) -> bool:
+    """Whether the fairness gate lets no drafted token through, whatever is proposed: the least
+    standing gain (with the tolerance) pays less than the cheapest verified token, so any plan
+    in which another request drafts is trimmed to nothing (plan_step). The one plan missed is the
+    least standing request drafting alone, which the others' standing might pay for: rare, and
+    missing it only drafts less. Alone (fewer than two standing gains), never shut."""
+    values = list(standing)
+    return len(values) >= 2 and step_seconds * (min(values) + tolerance) < cheapest_token_seconds
 
 
 def worth(candidate: Candidate, step_seconds: float, batch_size: int) -> tuple[int, float]:
@@ -149,10 +160,14 @@ def _plan_at_depth(priced: list[list[_Option]], depth: int) -> list[tuple[_Optio
     return plan
 
 
+def _run_seconds(plan: list[tuple[_Option, int]], run: DraftRun) -> float:
+    """The draft model's run in a plan: to the depth of its deepest request."""
+    return run.seconds(max((count for o, count in plan if o.candidate.method == "draft"), default=0))
+
+
 def _price(plan: list[tuple[_Option, int]], run: DraftRun) -> tuple[float, float, float]:
     """(extra seconds, expected tokens gained, the least any request gains) of a plan."""
-    depth = max((count for o, count in plan if o.candidate.method == "draft"), default=0)
-    extra = run.seconds(depth) + sum(count * o.candidate.token_seconds for o, count in plan)
+    extra = _run_seconds(plan, run) + sum(count * o.candidate.token_seconds for o, count in plan)
     gained = [o.gained[count] for o, count in plan]
     return extra, sum(gained), min(gained, default=0.0)
 
@@ -163,7 +178,7 @@ def _fair(plan: list[tuple[_Option, int]], run: DraftRun, extra: float, step_sec
     extra less its own tokens (and the draft model's run, when it drafts too: the run is then its
     own as well) <= step_seconds * (standing + tolerance). Its own tokens are its own bet, priced
     at break-even; so a request alone is never gated."""
-    run_seconds = run.seconds(max((count for o, count in plan if o.candidate.method == "draft"), default=0))
+    run_seconds = _run_seconds(plan, run)
     for o, count in plan:
         others = extra - count * o.candidate.token_seconds
         if count and o.candidate.method == "draft":
