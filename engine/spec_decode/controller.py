@@ -26,7 +26,8 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   fairness gate). Steps on which the gate lets nothing through skip proposing and planning.
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
   for PROBE_EVERY steps probes with one on a probe step (every PROBE_EVERY-th, the same steps for
-  all, so a draft model starts once for every probe), so its estimate can recover when its text
+  all, so a draft model starts once for every probe; spaced out further while a probe step would
+  cost more than PROBE_SHARE of the steps between two), so its estimate can recover when its text
   turns predictable (a probe is always allowed: without it an estimate could never recover).
   Each probe the target rejects doubles the request's probe interval, up to MAX_PROBE_INTERVAL
   (it then probes on steps that are multiples of its interval, so the probe steps of a longer
@@ -75,6 +76,13 @@ PROBE_EVERY = 16  # steps between single-draft probes of a request left without 
 # tokens): probing every PROBE_EVERY steps took 1.5% of a chat batch's time (float32), where the
 # head's drafts rarely paid.
 MAX_PROBE_INTERVAL = 8 * PROBE_EVERY
+# Share of a batch's time that probing may take: probe steps are PROBE_EVERY steps apart, doubled
+# (up to MAX_PROBE_INTERVAL) while a probe step's price, every request probing, is more than this
+# share of the steps between two of them. At 8 chat streams on a CPU, where the head's drafts
+# rarely pay, probe steps every PROBE_EVERY (backing off per request as below) cost the draft
+# engine 1.3% of its time (float32: 0.975x of none against 0.99x without probes); four times
+# fewer, 0.99x. Alone on a step of a weight-bound CPU they cost about this share at PROBE_EVERY.
+PROBE_SHARE = 0.005
 # Weight of a request's past steps in its standing gain (the fairness gate's): about the last 20
 # steps count, long enough to span the gaps between a code answer's repeated stretches.
 STANDING_DECAY = 0.95
@@ -221,11 +229,12 @@ class SpeculationController:
             # still supplies the spread of token counts the fit needs.
             for request in requests:
                 request.num_drafts = min(request.num_drafts, 1)
-        step_seconds, probe_step, standing = 0.0, False, {}
+        step_seconds, probe_step, probe_every, standing = 0.0, False, PROBE_EVERY, {}
         if self.config.adaptive:
             step_seconds = self._plain_step_seconds(requests, batch_size)
             self._planned_steps += 1
-            probe_step = self._planned_steps % PROBE_EVERY == 0
+            probe_every = self._probe_every(requests, step_seconds)
+            probe_step = self._planned_steps % probe_every == 0
             standing = self._standing_gains(requests)
             if (not (unpriced or probe_step) and batch_size >= 2
                     and gate_shut(standing.values(), step_seconds, self.cost.token_seconds(0))):
@@ -235,13 +244,15 @@ class SpeculationController:
         suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
         alternatives = {} if unpriced else self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
-            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, standing)
+            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, standing, probe_every)
         else:  # everything, always: suffix where it has a proposal, else the draft model
             chosen = {r.req_id: ("suffix" if method == "suffix" or (method == "hybrid" and suffix[r.req_id].token_ids)
                                  else "draft", r.num_drafts) for r in requests}
         proposals: dict[str, Proposal] = {}
         need_draft = []
-        probe_rank = probe_step and self._names_alternatives  # taken by the first request that drafts
+        # Taken by the first request that drafts: two rows, on its own clock (the idle requests'
+        # probe budget is for starting the draft model and verifying their tokens).
+        probe_rank = self.config.adaptive and self._planned_steps % PROBE_EVERY == 0 and self._names_alternatives
         for request in requests:
             which, count = chosen[request.req_id]
             request.num_drafts = count
@@ -273,6 +284,22 @@ class SpeculationController:
         not listed here, still prefilling, are counted at the listed ones' mean context)."""
         mean_context = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests) / len(requests)
         return self.cost.step_seconds(batch_size, batch_size * mean_context)
+
+    def _probe_every(self, requests: list[ProposalRequest], step_seconds: float) -> int:
+        """Steps between probe steps: PROBE_EVERY, doubled while a probe step (every request
+        probing one token: its verification and the draft model's run) would cost more than
+        PROBE_SHARE of the plain steps between two of them."""
+        if step_seconds <= 0:
+            return PROBE_EVERY
+        num = len(requests)
+        mean_context = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests) // num
+        seconds = num * self.cost.token_seconds(mean_context)
+        if self.draft is not None:
+            seconds += self.draft_cost.seconds(1, num)
+        every = PROBE_EVERY
+        while every < MAX_PROBE_INTERVAL and seconds > PROBE_SHARE * every * step_seconds:
+            every *= 2
+        return every
 
     def _alternatives_to_ask(self, requests: list[ProposalRequest], batch_size: int,
                              step_seconds: float) -> dict[str, list[float]]:
@@ -310,7 +337,7 @@ class SpeculationController:
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
               batch_size: int, step_seconds: float, alternatives: dict[str, list[float]],
-              standing: dict[str, float]) -> dict[str, tuple[str, int]]:
+              standing: dict[str, float], probe_every: int) -> dict[str, tuple[str, int]]:
         """(proposer, number of tokens) per request: see the module docstring."""
         contexts = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests}
         options: list[list[Candidate]] = []
@@ -345,7 +372,7 @@ class SpeculationController:
                 # On the same steps for every idle request: a draft model started for one probe
                 # costs its whole start (at 8 streams, staggered probes ran the head on half of
                 # all steps for one token each). Intervals are PROBE_EVERY times powers of 2.
-                interval = self._probe_interval.get(req_id, PROBE_EVERY)
+                interval = max(self._probe_interval.get(req_id, PROBE_EVERY), probe_every)
                 if self._planned_steps % interval == 0 and idle >= PROBE_EVERY:
                     count, idle = 1, 0
                     self._probing.add(req_id)

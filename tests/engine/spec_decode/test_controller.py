@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+import engine.spec_decode.controller as controller_module
 from engine.config import SpeculativeConfig
-from engine.spec_decode.controller import MAX_PROBE_INTERVAL, PROBE_EVERY, Acceptance, SpeculationController
+from engine.spec_decode.controller import MAX_PROBE_INTERVAL, PROBE_EVERY, PROBE_SHARE, Acceptance, SpeculationController
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
@@ -54,6 +55,13 @@ def observe_cpu_steps(spec: SpeculationController, a: float = 0.030, b: float = 
     """Target steps of a + b * tokens seconds, at batch sizes spread enough to fit b."""
     for n in (1, 8, 24, 8, 40, 16):
         spec.observe_step(n, a + b * n)
+
+
+@pytest.fixture
+def unbudgeted_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probe steps every PROBE_EVERY whatever they cost: for the tests of what probes do (the
+    budget that spaces them out is tested on its own)."""
+    monkeypatch.setattr(controller_module, "PROBE_SHARE", float("inf"))
 
 
 def test_acceptance_counts_only_tried_drafts() -> None:
@@ -111,6 +119,7 @@ def test_draft_model_length_follows_its_cost() -> None:
     assert draft.asked[-1] == ("a", 4)
 
 
+@pytest.mark.usefixtures("unbudgeted_probes")
 def test_at_batch_8_one_request_without_drafts_gates_the_others() -> None:
     """A request with nothing to draft, and no drafts that ever paid, gates the batch; once the
     others' drafts have paid, they draft alone."""
@@ -150,6 +159,7 @@ def run_batch(spec: SpeculationController, names: list[str], steps: int, rejecti
     return drafted
 
 
+@pytest.mark.usefixtures("unbudgeted_probes")
 def test_the_gate_opens_as_every_requests_drafts_pay_and_stays_shut_for_one_that_gains_nothing() -> None:
     """At batch 8 on a CPU-like step a token costs 1 ms of 38: nothing fits in the tolerance, so
     drafting starts from the probes; as every request's accepted drafts raise its standing gain
@@ -175,6 +185,7 @@ def test_the_gate_opens_as_every_requests_drafts_pay_and_stays_shut_for_one_that
     assert len([count for count in drafted if count]) == 2 and calls == [8, 8]
 
 
+@pytest.mark.usefixtures("unbudgeted_probes")
 def test_a_new_request_starts_from_the_pooled_standing_gain() -> None:
     """Requests that come after well-paying ones start with their standing gain and draft from
     their first step; without such a history a new batch starts gated."""
@@ -202,6 +213,7 @@ def test_a_failing_draft_model_switches_off_and_probes() -> None:
     assert len(spec.propose([request("a", [9])], batch_size=1)["a"].token_ids) >= 1
 
 
+@pytest.mark.usefixtures("unbudgeted_probes")
 def test_idle_requests_probe_in_the_same_steps() -> None:
     """Requests switched off at different times, and backed off to different probe intervals,
     probe together: the draft model starts once per probe step, not once per request."""
@@ -246,6 +258,39 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets() -> None:
     gaps = [b - a for a, b in zip(probe_clock, probe_clock[1:])]
     assert gaps[3:6] == [MAX_PROBE_INTERVAL] * 3
     assert gaps[6] == PROBE_EVERY  # the 7th was accepted: back to PROBE_EVERY
+
+
+def test_probe_steps_are_spaced_out_to_their_budget() -> None:
+    """Probe steps come PROBE_EVERY steps apart while a probe step costs at most PROBE_SHARE of
+    the plain steps between two; dearer ones are spaced out by powers of 2."""
+    def probe_clock(num_requests: int, draft_fixed: float) -> list[int]:
+        spec, draft = controller("draft", draft_fixed=draft_fixed)
+        names = [f"r{i}" for i in range(num_requests)]
+        for _ in range(20):  # their drafts all fail: no plan drafts for them, only probes
+            spec.propose([request(name, [9]) for name in names], batch_size=8)
+            for name in names:
+                spec.record(name, 1, 0)
+        clock = []
+        for _ in range(16 * PROBE_EVERY):
+            calls = len(draft.calls)
+            proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
+            if len(draft.calls) > calls:
+                clock.append(spec._planned_steps)
+            for name in names:
+                spec.record(name, len(proposals[name].token_ids), 0)
+                spec._probe_interval.pop(name, None)  # (no backing off: this is about the probe steps)
+        return clock
+
+    # A plain step at batch 8: 30 + 8 ms. One request probing costs 1 ms of a budget of
+    # 0.005 * 16 * 38 = 3.0 ms: every PROBE_EVERY steps.
+    assert PROBE_SHARE == 0.005
+    cheap = probe_clock(1, 0.0)
+    assert len(cheap) >= 15 and all(b - a == PROBE_EVERY for a, b in zip(cheap, cheap[1:]))
+    # Eight probing cost 8 ms and the draft model's start 4 ms more: 12 ms, over the budget of
+    # 16 and of 32 steps (6.1 ms), within that of 64 (12.2 ms).
+    dear = probe_clock(8, 0.004)
+    assert len(dear) >= 3 and all(b - a == 4 * PROBE_EVERY for a, b in zip(dear, dear[1:]))
+    assert all(step % (4 * PROBE_EVERY) == 0 for step in dear)
 
 
 def test_hybrid_takes_confident_suffix_drafts_over_an_average_draft_model() -> None:
@@ -342,6 +387,7 @@ def asked(spec: SpeculationController, draft: RunnersUpDraft, *, batch_size: int
     return r.num_alternatives
 
 
+@pytest.mark.usefixtures("unbudgeted_probes")
 def test_runners_up_are_asked_while_their_hit_rate_pays_for_two_rows() -> None:
     spec, draft = runners_up_controller()
     assert asked(spec, draft) == 3  # the prior (0.1) pays at batch 1
