@@ -25,11 +25,11 @@ Pure arithmetic, no state (the controller keeps the estimates; tests pin the dec
   gain it per step (measured by the controller; its own tokens are its own bet, priced at
   break-even, so a request alone is never gated); a plan that does not fit is trimmed to the
   tokens that fit in the least standing gain's budget, for all (a draft model's run costs
-  included). Without standing gains this step's expected gains stand in: the least gaining
-  request pays for the whole step, and where it gains nothing only the tolerance is spent. That
-  is too strict where every request's text repeats now and then: code at 8 streams, where some
-  request has nothing to draft at nearly every step, held suffix drafting to 0.95-0.97x of none,
-  where drafting every proposal made 1.17x and standing gains 1.14x (bf16, this machine).
+  included). The gate used to take this step's expected gains instead (the least gaining request
+  paid for the whole step): too strict where every request's text repeats now and then: code at
+  8 streams, where some request has nothing to draft at nearly every step, held suffix drafting
+  to 0.95-0.97x of none, where drafting every proposal made 1.17x and standing gains 1.14x (bf16,
+  this machine).
 """
 
 from __future__ import annotations
@@ -86,15 +86,6 @@ def worth(candidate: Candidate, step_seconds: float, batch_size: int) -> tuple[i
     return option.count, option.net[-1]
 
 
-def plan_drafts(candidates: list[Candidate], *, step_seconds: float, batch_size: int,
-                tolerance: float = TOLERANCE, draft_run: DraftRun | None = None,
-                standing: Mapping[str, float] | None = None) -> dict[str, int]:
-    """How many tokens to draft for each candidate, one proposer per request."""
-    plan = plan_step([[c] for c in candidates], step_seconds=step_seconds, batch_size=batch_size,
-                     tolerance=tolerance, draft_run=draft_run, standing=standing)
-    return {req_id: count for req_id, (_, count) in plan.items()}
-
-
 @dataclass
 class _Option:
     candidate: Candidate
@@ -117,11 +108,11 @@ def _option(candidate: Candidate, step_seconds: float, batch_size: int) -> _Opti
 
 
 def plan_step(options: list[list[Candidate]], *, step_seconds: float, batch_size: int,
-              tolerance: float = TOLERANCE, draft_run: DraftRun | None = None,
-              standing: Mapping[str, float] | None = None) -> dict[str, tuple[Candidate, int]]:
+              standing: Mapping[str, float], tolerance: float = TOLERANCE,
+              draft_run: DraftRun | None = None) -> dict[str, tuple[Candidate, int]]:
     """Per request (options[i]: its proposers' candidates, one per proposer), the proposer chosen
-    and how many of its tokens to draft. standing: per request, its gain per step on average
-    (the fairness gate's; without it, this step's gains)."""
+    and how many of its tokens to draft. standing: per request, what its drafts gained it per
+    step on average (the fairness gate's; a request missing from it has gained nothing)."""
     priced = [[_option(c, step_seconds, batch_size) for c in per_request] for per_request in options]
     max_depth = max((o.count for per_request in priced for o in per_request if o.candidate.method == "draft"),
                     default=0)
@@ -133,17 +124,13 @@ def plan_step(options: list[list[Candidate]], *, step_seconds: float, batch_size
         if step_seconds <= 0:  # nothing measured: every token looks free, the deepest plan wins
             best_plan = plan
             continue
-        extra, gained, least = _price(plan, run)
-        if standing is None:
-            if extra > step_seconds * (least + tolerance):
-                plan = _trim(plan, step_seconds * tolerance, run)
-                extra, gained, _ = _price(plan, run)
-        elif not _fair(plan, run, extra, step_seconds, tolerance, standing):
+        extra, gained = _price(plan, run)
+        if not _fair(plan, run, extra, step_seconds, tolerance, standing):
             # One budget for all, the least standing gain's (a request's own drafts count
             # against it too here: simpler than the exact check, and never unfair).
             floor = min((standing.get(o.candidate.req_id, 0.0) for o, _ in plan), default=0.0)
             plan = _trim(plan, step_seconds * (floor + tolerance), run, standing)
-            extra, gained, _ = _price(plan, run)
+            extra, gained = _price(plan, run)
         rate = (batch_size + gained) / (step_seconds + extra)
         if rate > best_rate * (1 + 1e-12):
             best_plan, best_rate = plan, rate
@@ -165,11 +152,10 @@ def _run_seconds(plan: list[tuple[_Option, int]], run: DraftRun) -> float:
     return run.seconds(max((count for o, count in plan if o.candidate.method == "draft"), default=0))
 
 
-def _price(plan: list[tuple[_Option, int]], run: DraftRun) -> tuple[float, float, float]:
-    """(extra seconds, expected tokens gained, the least any request gains) of a plan."""
+def _price(plan: list[tuple[_Option, int]], run: DraftRun) -> tuple[float, float]:
+    """(extra seconds, expected tokens gained) of a plan."""
     extra = _run_seconds(plan, run) + sum(count * o.candidate.token_seconds for o, count in plan)
-    gained = [o.gained[count] for o, count in plan]
-    return extra, sum(gained), min(gained, default=0.0)
+    return extra, sum(o.gained[count] for o, count in plan)
 
 
 def _fair(plan: list[tuple[_Option, int]], run: DraftRun, extra: float, step_seconds: float,
@@ -189,18 +175,15 @@ def _fair(plan: list[tuple[_Option, int]], run: DraftRun, extra: float, step_sec
 
 
 def _trim(plan: list[tuple[_Option, int]], budget: float, run: DraftRun,
-          standing: Mapping[str, float] | None = None) -> list[tuple[_Option, int]]:
-    """Only the tokens that fit in budget seconds. Without standing gains, the best first; with
-    them, every request's first draft before any second one, the least standing first: the
-    budget is set by the least standing gain, and only drafts of its own can raise it (best-first
-    kept giving a tie's budget to the same requests while the others' standing faded). A
-    request's tokens come in order (gains never increase and ties keep their position), so what
-    is kept of each is a prefix; a draft-model token also pays for starting the run and for every
-    position it deepens."""
+          standing: Mapping[str, float]) -> list[tuple[_Option, int]]:
+    """Only the tokens that fit in budget seconds: every request's first draft before any second
+    one, the least standing first (the best first on a tie): the budget is set by the least
+    standing gain, and only drafts of its own can raise it (best-first kept giving a tie's budget
+    to the same requests while the others' standing faded). A request's tokens come in order
+    (gains never increase and ties keep their position), so what is kept of each is a prefix; a
+    draft-model token also pays for starting the run and for every position it deepens."""
     def order(item: tuple[float, int, int]) -> tuple:
         gain, j, i = item
-        if standing is None:
-            return (-gain, j)
         return (j, standing.get(plan[i][0].candidate.req_id, 0.0), -gain)
 
     tokens = sorted(((o.candidate.gains[j], j, i) for i, (o, count) in enumerate(plan) for j in range(count)),

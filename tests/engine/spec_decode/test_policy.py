@@ -9,11 +9,22 @@ from __future__ import annotations
 import pytest
 
 from engine.spec_decode.cost_model import DraftCostModel, StepCostModel, attention_work
-from engine.spec_decode.policy import TOLERANCE, Candidate, DraftRun, break_even_gain, plan_drafts, plan_step, worth
+from engine.spec_decode.policy import TOLERANCE, Candidate, DraftRun, break_even_gain, plan_step, worth
 
 
 def geometric(p: float, k: int = 4) -> list[float]:
     return [p ** j for j in range(1, k + 1)]
+
+
+def plan_drafts(candidates: list[Candidate], *, standing: dict[str, float], **options) -> dict[str, int]:
+    """How many tokens each candidate drafts, one proposer per request."""
+    plan = plan_step([[c] for c in candidates], standing=standing, **options)
+    return {req_id: count for req_id, (_, count) in plan.items()}
+
+
+def paid(batch: list[Candidate], gain: float = 1.0) -> dict[str, float]:
+    """Standing gains that pay for anything: the throughput break-even alone decides."""
+    return {c.req_id: gain for c in batch}
 
 
 def test_break_even_is_plain_decodings_rate_times_the_cost() -> None:
@@ -33,37 +44,48 @@ def test_worth_counts_tokens_until_one_does_not_pay() -> None:
 
 def test_alone_nearly_every_draft_pays() -> None:
     # Batch 1, 34 ms a step, 1 ms a token: break-even 0.029, so p = 0.5 drafts all four.
-    assert plan_drafts([Candidate("a", geometric(0.5), 0.001)], step_seconds=0.034, batch_size=1) == {"a": 4}
+    assert plan_drafts([Candidate("a", geometric(0.5), 0.001)], step_seconds=0.034, batch_size=1, standing={}) == {"a": 4}
     # A draft model's own cost per token counts too: 10 ms more makes break-even 0.32.
-    assert plan_drafts([Candidate("a", geometric(0.5), 0.011)], step_seconds=0.034, batch_size=1) == {"a": 1}
+    assert plan_drafts([Candidate("a", geometric(0.5), 0.011)], step_seconds=0.034, batch_size=1, standing={}) == {"a": 1}
 
 
 def test_at_batch_8_on_a_cpu_only_confident_drafts_pay() -> None:
     confident = [Candidate(f"r{i}", geometric(0.96), 0.001) for i in range(8)]
-    assert plan_drafts(confident, step_seconds=0.040, batch_size=8) == {f"r{i}": 4 for i in range(8)}
-    # p = 0.5: 0.5 and 0.25 clear 0.2, and the least gain (0.75 tokens) pays 16 ms of 40.
+    assert plan_drafts(confident, step_seconds=0.040, batch_size=8, standing=paid(confident)) == {
+        f"r{i}": 4 for i in range(8)}
+    # p = 0.5: 0.5 and 0.25 clear 0.2; what the others add to a request's step (14 ms of 40)
+    # fits in what two such drafts gain it a step (0.75 tokens, 30 ms).
     middling = [Candidate(f"r{i}", geometric(0.5), 0.001) for i in range(8)]
-    assert plan_drafts(middling, step_seconds=0.040, batch_size=8) == {f"r{i}": 2 for i in range(8)}
+    assert plan_drafts(middling, step_seconds=0.040, batch_size=8, standing=paid(middling, 0.75)) == {
+        f"r{i}": 2 for i in range(8)}
 
 
 def test_a_request_that_gains_nothing_gates_the_batch() -> None:
-    # Seven confident requests and one with nothing to draft: the 28 ms they would add delay the
-    # eighth for nothing, so only what fits in the tolerance is drafted (0.8 ms: not one 1 ms token).
+    # Seven confident requests and one whose drafts never gained it anything: the 28 ms the seven
+    # would add delay the eighth for nothing, so only what fits in the tolerance is drafted
+    # (0.8 ms: not one 1 ms token).
     batch = [Candidate(f"r{i}", geometric(0.96), 0.001) for i in range(7)] + [Candidate("idle", [], 0.001)]
-    assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8).values()) == 0
-    # Where verification is nearly free (a GPU), the tolerance holds drafts: the best first,
-    # each request's in order. 0.8 ms / 0.05 ms = 16 tokens: the first two of all seven, then the
-    # third of two of them.
+    standing = {**paid(batch), "idle": 0.0}
+    assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8, standing=standing).values()) == 0
+    # Where verification is nearly free (a GPU), the tolerance holds drafts: every request's
+    # first before any second, in order. 0.8 ms / 0.05 ms = 16 tokens: the first two of all
+    # seven, then the third of two of them.
     cheap = [Candidate(c.req_id, c.gains, 0.00005) for c in batch]
-    counts = plan_drafts(cheap, step_seconds=0.040, batch_size=8)
+    counts = plan_drafts(cheap, step_seconds=0.040, batch_size=8, standing=standing)
     assert sum(counts.values()) == int(0.040 * TOLERANCE / 0.00005)
     assert counts == {"r0": 3, "r1": 3, "r2": 2, "r3": 2, "r4": 2, "r5": 2, "r6": 2, "idle": 0}
 
 
-def test_a_weak_request_gates_the_batch_too() -> None:
-    # One request gains 0.3 tokens a step; the others' 29 ms would cost it 72% of a step.
+def test_a_weak_request_holds_the_batch_to_what_it_gains() -> None:
+    # One request's drafts gain it 0.3 tokens a step: the others' 29 ms would cost it 72% of a
+    # step, so the plan is trimmed to 40 ms * (0.3 + 0.02) = 12.8 ms: 12 tokens, every first
+    # draft (the weak one's first) before any second.
     batch = [Candidate(f"r{i}", geometric(0.9), 0.001) for i in range(7)] + [Candidate("weak", [0.3], 0.001)]
-    assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8).values()) == 0
+    standing = {**paid(batch), "weak": 0.3}
+    counts = plan_drafts(batch, step_seconds=0.040, batch_size=8, standing=standing)
+    assert counts == {"r0": 2, "r1": 2, "r2": 2, "r3": 2, "r4": 1, "r5": 1, "r6": 1, "weak": 1}
+    # With nothing gained, nothing but the tolerance: not one token.
+    assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8, standing={**standing, "weak": 0.0}).values()) == 0
 
 
 def test_cost_model_fits_a_line_and_keeps_it_without_spread() -> None:
@@ -132,13 +154,13 @@ def test_the_draft_models_run_sets_its_depth() -> None:
     1.9375 / 62 ms = 31.3: two positions."""
     draft = Candidate("a", geometric(0.5), 0.001, "draft")
     run = DraftRun(fixed=0.002, per_depth=0.004)
-    assert plan_drafts([draft], step_seconds=0.040, batch_size=1, draft_run=run) == {"a": 2}
-    assert plan_drafts([draft], step_seconds=0.040, batch_size=1) == {"a": 4}  # a free run: all four
+    assert plan_drafts([draft], step_seconds=0.040, batch_size=1, draft_run=run, standing={}) == {"a": 2}
+    assert plan_drafts([draft], step_seconds=0.040, batch_size=1, standing={}) == {"a": 4}  # a free run: all four
     # A start-up cost paid once per step drafts deeper than the same seconds charged per token:
     # 10 ms once makes four drafts pay (1.94 / 54 ms = 35.9 per second against 25.0); 10 ms per
     # token makes only the first one pay (0.5 > 11 ms / 40 ms = 0.275; 0.25 does not).
-    assert plan_drafts([draft], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.010, 0.0)) == {"a": 4}
-    assert plan_drafts([Candidate("a", geometric(0.5), 0.011, "draft")], step_seconds=0.040, batch_size=1) == {"a": 1}
+    assert plan_drafts([draft], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.010, 0.0), standing={}) == {"a": 4}
+    assert plan_drafts([Candidate("a", geometric(0.5), 0.011, "draft")], step_seconds=0.040, batch_size=1, standing={}) == {"a": 1}
 
 
 def test_a_draft_run_that_does_not_pay_for_the_batch_is_left_out() -> None:
@@ -148,21 +170,21 @@ def test_a_draft_run_that_does_not_pay_for_the_batch_is_left_out() -> None:
     depth 2 4.48 for 16.8 ms (202), depth 3 less again: one position. At 15 ms per position no
     depth pays (11.2 / 64.4 ms = 174) and the model does not run."""
     batch = [Candidate(f"r{i}", geometric(0.4, 3), 0.0003, "draft") for i in range(8)]
-    counts = plan_drafts(batch, step_seconds=0.045, batch_size=8, draft_run=DraftRun(0.002, 0.005))
+    counts = plan_drafts(batch, step_seconds=0.045, batch_size=8, draft_run=DraftRun(0.002, 0.005), standing=paid(batch))
     assert counts == {f"r{i}": 1 for i in range(8)}
-    counts = plan_drafts(batch, step_seconds=0.045, batch_size=8, draft_run=DraftRun(0.002, 0.015))
+    counts = plan_drafts(batch, step_seconds=0.045, batch_size=8, draft_run=DraftRun(0.002, 0.015), standing=paid(batch))
     assert counts == {f"r{i}": 0 for i in range(8)}
 
 
 def test_the_gate_charges_a_draft_models_run_to_the_tolerance() -> None:
-    """Some request gains nothing, so only 0.8 ms (2% of 40 ms) may be spent. Without a run cost
-    the best token, the draft model's 0.95, fits; with one (3 ms to start) it does not, and the
-    suffix tokens that fit take the budget instead."""
+    """No request has gained anything yet, so only 0.8 ms (2% of 40 ms) may be spent. Without a
+    run cost the best first drafts, the draft model's 0.95 among them, fit; with one (3 ms to
+    start) it does not, and the suffix tokens that fit take the budget instead."""
     batch = [[Candidate("d", [0.95], 0.0002, "draft")], [Candidate("s1", [0.9, 0.8], 0.0002)],
              [Candidate("s2", [0.9, 0.8], 0.0002)], [Candidate("idle", [], 0.0002)]]
-    free = plan_step(batch, step_seconds=0.040, batch_size=8)
+    free = plan_step(batch, step_seconds=0.040, batch_size=8, standing={})
     assert {r: count for r, (_, count) in free.items()} == {"d": 1, "s1": 2, "s2": 1, "idle": 0}
-    priced = plan_step(batch, step_seconds=0.040, batch_size=8, draft_run=DraftRun(0.003, 0.002))
+    priced = plan_step(batch, step_seconds=0.040, batch_size=8, draft_run=DraftRun(0.003, 0.002), standing={})
     assert {r: count for r, (_, count) in priced.items()} == {"d": 0, "s1": 2, "s2": 2, "idle": 0}
 
 
@@ -174,10 +196,10 @@ def test_hybrid_plan_picks_the_proposer_per_request_under_the_run_cost() -> None
     both = [Candidate("s", [0.9, 0.8, 0.7, 0.6], 0.001), Candidate("s", geometric(0.5), 0.001, "draft")]
     model_only = [Candidate("m", geometric(0.3), 0.001, "draft")]
     for run in (DraftRun(0.002, 0.002), DraftRun(0.008, 0.004)):
-        plan = plan_step([both], step_seconds=0.040, batch_size=1, draft_run=run)
+        plan = plan_step([both], step_seconds=0.040, batch_size=1, draft_run=run, standing={})
         assert plan["s"][0].method == "suffix" and plan["s"][1] == 4
-    assert plan_step([model_only], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.002, 0.002))["m"][1] >= 1
-    assert plan_step([model_only], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.008, 0.004))["m"][1] == 0
+    assert plan_step([model_only], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.002, 0.002), standing={})["m"][1] >= 1
+    assert plan_step([model_only], step_seconds=0.040, batch_size=1, draft_run=DraftRun(0.008, 0.004), standing={})["m"][1] == 0
 
 
 def test_draft_cost_model_separates_start_depth_and_tokens() -> None:
@@ -203,8 +225,8 @@ def test_the_gate_takes_the_requests_standing_gains_not_this_steps() -> None:
     standing = {c.req_id: 0.5 for c in batch}
     counts = plan_drafts(batch, step_seconds=0.040, batch_size=8, standing=standing)
     assert counts == {"r0": 3, "r1": 3, "r2": 3, "r3": 3, "r4": 3, "r5": 3, "r6": 2, "idle": 0}
-    # One whose drafts gained it nothing holds the step to the tolerance, as this step's gains
-    # would (a request missing from the standing gains counts as gaining nothing).
+    # One whose drafts gained it nothing holds the step to the tolerance (a request missing from
+    # the standing gains counts as gaining nothing).
     assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8, standing={**standing, "idle": 0.0}).values()) == 0
     del standing["idle"]
     assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8, standing=standing).values()) == 0
