@@ -282,8 +282,7 @@ class SpeculationController:
     def _plain_step_seconds(self, requests: list[ProposalRequest], batch_size: int) -> float:
         """Plain decoding's step: every running request one token, at its context (the requests
         not listed here, still prefilling, are counted at the listed ones' mean context)."""
-        mean_context = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests) / len(requests)
-        return self.cost.step_seconds(batch_size, batch_size * mean_context)
+        return self.cost.step_seconds(batch_size, batch_size * _mean_context(requests))
 
     def _probe_every(self, requests: list[ProposalRequest], step_seconds: float) -> int:
         """Steps between probe steps: PROBE_EVERY, doubled while a probe step (every request
@@ -291,11 +290,9 @@ class SpeculationController:
         PROBE_SHARE of the plain steps between two of them."""
         if step_seconds <= 0:
             return PROBE_EVERY
-        num = len(requests)
-        mean_context = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests) // num
-        seconds = num * self.cost.token_seconds(mean_context)
+        seconds = len(requests) * self.cost.token_seconds(int(_mean_context(requests)))
         if self.draft is not None:
-            seconds += self.draft_cost.seconds(1, num)
+            seconds += self.draft_cost.seconds(1, len(requests))
         every = PROBE_EVERY
         while every < MAX_PROBE_INTERVAL and seconds > PROBE_SHARE * every * step_seconds:
             every *= 2
@@ -423,3 +420,7 @@ class SpeculationController:
             self.suffix.finish(req_id, output_token_ids)
         if self.draft is not None:
             self.draft.finish(req_id, output_token_ids)
+
+
+def _mean_context(requests: list[ProposalRequest]) -> float:
+    return sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests) / len(requests)
