@@ -213,6 +213,23 @@ def test_a_failing_draft_model_switches_off_and_probes() -> None:
     assert len(spec.propose([request("a", [9])], batch_size=1)["a"].token_ids) >= 1
 
 
+def draft_model_clock(spec: SpeculationController, draft: CountingDraft, names: list[str], steps: int,
+                      back_off: bool = True) -> list[int]:
+    """Steps of a batch at batch size 8 whose drafts are all rejected: the planned steps on which
+    the draft model ran. back_off=False: rejected probes do not lengthen the requests' intervals."""
+    clock = []
+    for _ in range(steps):
+        calls = len(draft.calls)
+        proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
+        if len(draft.calls) > calls:
+            clock.append(spec._planned_steps)
+        for name in names:
+            spec.record(name, len(proposals[name].token_ids), 0)
+            if not back_off:
+                spec._probe_interval.pop(name, None)
+    return clock
+
+
 @pytest.mark.usefixtures("unbudgeted_probes")
 def test_idle_requests_probe_in_the_same_steps() -> None:
     """Requests switched off at different times, and backed off to different probe intervals,
@@ -225,14 +242,7 @@ def test_idle_requests_probe_in_the_same_steps() -> None:
             spec.record(name, 1, 0)
     assert spec._probe_interval.get("r0", PROBE_EVERY) < spec._probe_interval["r3"]  # r3 probed alone already
     draft.calls.clear()
-    probe_clock = []
-    for _ in range(20 * PROBE_EVERY):
-        calls = len(draft.calls)
-        proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
-        if len(draft.calls) > calls:
-            probe_clock.append(spec._planned_steps)
-        for name in names:
-            spec.record(name, len(proposals[name].token_ids), 0)
+    probe_clock = draft_model_clock(spec, draft, names, 20 * PROBE_EVERY)
     assert all(step % PROBE_EVERY == 0 for step in probe_clock)
     # The shorter intervals catch up with the longer ones on a shared step; from then on one
     # draft-model start probes all four, at their backed-off intervals.
@@ -270,16 +280,7 @@ def test_probe_steps_are_spaced_out_to_their_budget() -> None:
             spec.propose([request(name, [9]) for name in names], batch_size=8)
             for name in names:
                 spec.record(name, 1, 0)
-        clock = []
-        for _ in range(16 * PROBE_EVERY):
-            calls = len(draft.calls)
-            proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
-            if len(draft.calls) > calls:
-                clock.append(spec._planned_steps)
-            for name in names:
-                spec.record(name, len(proposals[name].token_ids), 0)
-                spec._probe_interval.pop(name, None)  # (no backing off: this is about the probe steps)
-        return clock
+        return draft_model_clock(spec, draft, names, 16 * PROBE_EVERY, back_off=False)
 
     # A plain step at batch 8: 30 + 8 ms. One request probing costs 1 ms of a budget of
     # 0.005 * 16 * 38 = 3.0 ms: every PROBE_EVERY steps.
