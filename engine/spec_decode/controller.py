@@ -154,8 +154,9 @@ class SpeculationController:
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
-        # Adaptive steps planned: every PROBE_EVERY-th is a probe step, for idle requests and for
-        # the runner-up rank past the paying ones alike.
+        # Adaptive steps planned: the probe steps of idle requests fall on multiples of their
+        # (budgeted) interval, those of the runner-up rank past the paying ones on multiples of
+        # PROBE_EVERY.
         self._planned_steps = 0
         self._pooled_standing = TokensPerStep()  # over all requests' steps
 
@@ -311,8 +312,7 @@ class SpeculationController:
         chosen: dict[str, list[float]] = {}
         for request in eligible:
             # Two rows (the pair), each priced like one more verified token at its context.
-            threshold = break_even_gain(step_seconds, batch_size, 2 * self.cost.token_seconds(
-                len(request.prompt_token_ids) + len(request.output_token_ids)))
+            threshold = break_even_gain(step_seconds, batch_size, 2 * self.cost.token_seconds(_context_len(request)))
             nets: list[float] = []
             for hit in hit_rates[: request.max_alternatives]:
                 if hit < threshold:  # this rank and every later one (rates fall with rank)
@@ -336,7 +336,7 @@ class SpeculationController:
               batch_size: int, step_seconds: float, alternatives: dict[str, list[float]],
               standing: dict[str, float], probe_every: int) -> dict[str, tuple[str, int]]:
         """(proposer, number of tokens) per request: see the module docstring."""
-        contexts = {r.req_id: len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests}
+        contexts = {r.req_id: _context_len(r) for r in requests}
         options: list[list[Candidate]] = []
         for request in requests:
             verify = self.cost.token_seconds(contexts[request.req_id])
@@ -422,5 +422,9 @@ class SpeculationController:
             self.draft.finish(req_id, output_token_ids)
 
 
+def _context_len(request: ProposalRequest) -> int:
+    return len(request.prompt_token_ids) + len(request.output_token_ids)
+
+
 def _mean_context(requests: list[ProposalRequest]) -> float:
-    return sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests) / len(requests)
+    return sum(_context_len(r) for r in requests) / len(requests)
