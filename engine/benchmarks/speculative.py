@@ -16,7 +16,9 @@ engine afresh (empty prefix cache, speculation reset: no suffix index of another
 answers). Output tokens/s over each method's own step time (median over rounds), speedup over
 "none" (the median of the per-round ratios, and their range), acceptance rate (accepted /
 drafted) and mean accepted length per verification, and the share of runner time spent
-proposing.
+proposing. A control, a second engine without speculation measured like the methods, shows the
+run's noise floor: its speedup over "none" would be 1.00x on a steady machine (--no-control
+skips it).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ from engine.llm import LLM
 from engine.model.resolve import EMBEDDED_MODEL_NAME
 from engine.protocol import AddRequest
 from engine.sampling_params import SamplingParams
+
+# A second engine without speculation, measured like the methods: how far its speedup over "none"
+# strays from 1.00x is the run's noise (at 8 chat streams on this machine 0.99-1.01x per round;
+# an A/A run of 4 rounds put its median at 0.99x).
+CONTROL = "none (control)"
 
 CODE_SNIPPET = '''def parse_config(path):
     config = {}
@@ -206,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batched-rounds", type=int, default=5,
                         help="rounds at more than one stream (a round there is one or two groups of "
                              "requests, so it takes more of them to steady a median)")
+    parser.add_argument("--no-control", action="store_true",
+                        help=f"skip the control ('{CONTROL}': a second engine without speculation, whose "
+                             f"speedup over 'none' shows the run's noise floor)")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--docs-section", default="speculative-benchmark",
                         help="the marked section of docs/benchmarks.md that --write-docs rewrites")
@@ -213,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     methods = args.methods.split(",")
     if "none" not in methods:
         methods.insert(0, "none")  # the reference of every speedup and output comparison
+    if not args.no_control:
+        methods.insert(methods.index("none") + 1, CONTROL)
     stream_counts = [int(s) for s in args.streams.split(",")]
     names = args.workloads.split(",")
     if unknown := set(names) - {"code", "chat", "agent"}:
@@ -225,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     # engines side by side, 6 rounds, in either load order; cause not found), which favoured
     # every method over "none", loaded first: a throwaway engine takes that place.
     throwaway = _load("none", args)
-    engines = {method: _load(method, args) for method in methods}
+    engines = {method: _load("none" if method == CONTROL else method, args) for method in methods}
     del throwaway
     reference_llm = engines["none"]
     dtype = str(reference_llm.engine.runner.dtype).removeprefix("torch.")
@@ -289,7 +301,9 @@ def main(argv: list[str] | None = None) -> None:
               f"each method's seconds the sum of its own steps; tokens/s: the median over {args.rounds} rounds at 1 "
               f"stream and {args.batched_rounds} at more; speedup: the median of the per-round ratios to none, "
               f"with their range; wall-clock speedup: the median of none's seconds over the method's for the "
-              f"same requests (acceptance over all rounds); draft: {args.draft or 'the shipped draft'}. In "
+              f"same requests (acceptance over all rounds); '{CONTROL}': a second engine without speculation, "
+              f"measured like the methods (its speedup is the run's noise floor); "
+              f"draft: {args.draft or 'the shipped draft'}. In "
               f"float32 every method's outputs must equal 'none' (the run stops otherwise); in bf16 the last "
               f"column counts them (see the note below the table).")
     print(header + "\n\n" + table)

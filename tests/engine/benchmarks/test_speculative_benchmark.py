@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from engine.benchmarks.speculative import main
+from engine.benchmarks.speculative import CONTROL, main
 
 
 def test_speculative_benchmark_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--methods", "none,suffix", "--max-tokens", "8", "--num-prompts", "2", "--streams", "1,2", "--rounds", "1", "--batched-rounds", "2",
           "--dtype", "float32"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| agent")]
-    assert len(rows) == 4  # 2 stream counts x 2 methods
+    assert len(rows) == 6  # 2 stream counts x (2 methods and the control)
     assert all(float(row.split("|")[4]) > 0 for row in rows)
+    control = [row.split("|") for row in rows if row.split("|")[3].strip() == CONTROL]
+    assert len(control) == 2
+    for cells in control:  # its outputs are none's, every one
+        identical, total = cells[-2].strip().split("/")
+        assert identical == total
 
 
 def test_interleaved_round_matches_generate() -> None:
