@@ -40,8 +40,8 @@ from engine.protocol import AddRequest
 from engine.sampling_params import SamplingParams
 
 # A second engine without speculation, measured like the methods: how far its speedup over "none"
-# strays from 1.00x is the run's noise (at 8 chat streams on this machine 0.99-1.01x per round;
-# an A/A run of 4 rounds put its median at 0.99x).
+# strays from 1.00x is the run's noise (bf16 on this machine, 2026-12-01: per round 0.97-1.02x at
+# one stream, 0.96-1.09x at 8 streams, medians 0.98-1.02x).
 CONTROL = "none (control)"
 
 CODE_SNIPPET = '''def parse_config(path):
