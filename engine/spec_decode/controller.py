@@ -232,9 +232,10 @@ class SpeculationController:
                 request.num_drafts = min(request.num_drafts, 1)
         step_seconds, probe_step, probe_every, standing = 0.0, False, PROBE_EVERY, {}
         if self.config.adaptive:
-            step_seconds = self._plain_step_seconds(requests, batch_size)
+            mean_context = _mean_context(requests)
+            step_seconds = self._plain_step_seconds(mean_context, batch_size)
             self._planned_steps += 1
-            probe_every = self._probe_every(requests, step_seconds)
+            probe_every = self._probe_every(len(requests), mean_context, step_seconds)
             probe_step = self._planned_steps % probe_every == 0
             standing = self._standing_gains(requests)
             if (not (unpriced or probe_step) and batch_size >= 2
@@ -280,20 +281,20 @@ class SpeculationController:
         self.proposer_seconds += time.perf_counter() - started
         return proposals
 
-    def _plain_step_seconds(self, requests: list[ProposalRequest], batch_size: int) -> float:
-        """Plain decoding's step: every running request one token, at its context (the requests
-        not listed here, still prefilling, are counted at the listed ones' mean context)."""
-        return self.cost.step_seconds(batch_size, batch_size * _mean_context(requests))
+    def _plain_step_seconds(self, mean_context: float, batch_size: int) -> float:
+        """Plain decoding's step: every running request one token, at its context (mean_context:
+        the proposing requests'; those still prefilling are counted at it)."""
+        return self.cost.step_seconds(batch_size, batch_size * mean_context)
 
-    def _probe_every(self, requests: list[ProposalRequest], step_seconds: float) -> int:
+    def _probe_every(self, num_requests: int, mean_context: float, step_seconds: float) -> int:
         """Steps between probe steps: PROBE_EVERY, doubled while a probe step (every request
         probing one token: its verification and the draft model's run) would cost more than
         PROBE_SHARE of the plain steps between two of them."""
         if step_seconds <= 0:
             return PROBE_EVERY
-        seconds = len(requests) * self.cost.token_seconds(int(_mean_context(requests)))
+        seconds = num_requests * self.cost.token_seconds(int(mean_context))
         if self.draft is not None:
-            seconds += self.draft_cost.seconds(1, len(requests))
+            seconds += self.draft_cost.seconds(1, num_requests)
         every = PROBE_EVERY
         while every < MAX_PROBE_INTERVAL and seconds > PROBE_SHARE * every * step_seconds:
             every *= 2
