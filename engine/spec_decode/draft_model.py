@@ -50,6 +50,7 @@ from engine.config import SpeculativeConfig
 from engine.model.resolve import ResolvedModel, resolve_model, shipped_draft_path
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
+from kernels import small_rows_linear
 from kernels.onednn_linear import onednn_linear, prepack_bf16
 
 logger = logging.getLogger(__name__)
@@ -274,7 +275,7 @@ def top_draft_tokens(draft: DraftModel, hidden: torch.Tensor, k: int) -> torch.T
     elif draft.head_packed is not None:
         logits = onednn_linear(hidden, draft.head_packed)
     else:
-        logits = torch.nn.functional.linear(hidden, draft.head_weight)
+        logits = small_rows_linear.linear(hidden, draft.head_weight)
     rows = logits.argmax(dim=-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices  # [n, k]
     if draft.head_weight is None:
         return rows

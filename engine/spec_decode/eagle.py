@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.spec_decode.draft_model import DraftModel, greedy_draft_tokens, top_draft_tokens
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
+from kernels import small_rows_linear
 from kernels.onednn_linear import onednn_linear
 
 
@@ -110,7 +110,7 @@ class EagleProposer:
         if self.draft.fc_packed is not None:
             hidden = onednn_linear(joined, self.draft.fc_packed)
         else:
-            hidden = F.linear(joined, self.draft.fc_weight)
+            hidden = small_rows_linear.linear(joined, self.draft.fc_weight)
         cos, sin = model.rotary.cos_sin(positions, hidden.dtype)
         if kv_only:
             model.layers[0].store_kv(hidden, cos, sin, self.kv_caches[0], meta)
