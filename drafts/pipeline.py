@@ -127,7 +127,8 @@ def build_draft(options: DistillOptions, target: Target, corpus: Corpus) -> tupl
 def _warm_start_eagle(head: TrainableEagle, folder: str, target: Target) -> None:
     """Continues an exported EAGLE head (its layer, norm and fc; the vocabulary may differ: the
     output rows are the target's head either way), e.g. to train it further on more data."""
-    source = load_draft_model(folder, target.engine_model, target.arch, torch.float32, target.device)
+    source = load_draft_model(folder, target.engine_model, target.arch, torch.float32, target.device,
+                              inference_only=False)
     if source.fc_weight is None:
         raise ValueError(f"--init-checkpoint {folder!r} with --eagle must be an exported EAGLE head")
     params = dict(source.model.named_parameters(remove_duplicate=False))

@@ -1,4 +1,6 @@
-"""float32 linear on the CPU for the few-row products of decoding and verification.
+"""float32 linear on the CPU for the few-row products of decoding and verification, where the
+weight is not prepacked for oneDNN (kernels/onednn_linear.py, the default on CPUs: faster still,
+and smooth in the row count): torch builds without oneDNN, models loaded for training.
 
 torch's F.linear computes x @ W^T with MKL's sgemm, which for a handful of rows is far slower than
 for one: a row takes the matrix-vector path, which streams the weight once, while 2-32 rows take

@@ -4,7 +4,9 @@ in one run against float32.
     python -m engine.benchmarks.quant [--rounds 3] [--decode-tokens 64] [--ppl-tokens 1024] [--write-docs]
 
 Rows (the embedded SmolLM2-135M-Instruct, 2 threads):
-- float32: F.linear on float32 weights (the reference);
+- float32 plain: float32 weights through F.linear (kernels/small_rows_linear.py; the engine's path
+  where oneDNN is missing);
+- float32: the engine's float32 on CPUs, linears prepacked for oneDNN (the reference of the ratios);
 - bfloat16 plain: F.linear on bf16 weights (what the engine did before prepacking);
 - bfloat16: the engine's default on CPUs with native bf16 (AMX, AVX512-BF16), linears prepacked for oneDNN;
 - int8 / int4 / fp8: weight-only quantization at load, bf16 activations (--quantization).
@@ -54,6 +56,7 @@ class Config:
 
 
 CONFIGS = [
+    Config("float32 plain", "float32", prepack=False),
     Config("float32", "float32"),
     Config("bfloat16 plain", "bfloat16", prepack=False),
     Config("bfloat16", "bfloat16"),
@@ -80,17 +83,17 @@ def held_out_text() -> str:
 
 @contextmanager
 def _prepack(enabled: bool):
-    """Switches the CPU bf16 prepack off for a 'plain' row (benchmark-only, so that the gain of
+    """Switches the CPU oneDNN prepack off for a 'plain' row (benchmark-only, so that the gain of
     prepacking is measured in the same run)."""
     from engine.model import quantization
 
-    original = quantization.onednn_bf16_available
+    original = quantization.onednn_available
     if not enabled:
-        quantization.onednn_bf16_available = lambda: False
+        quantization.onednn_available = lambda: False
     try:
         yield
     finally:
-        quantization.onednn_bf16_available = original
+        quantization.onednn_available = original
 
 
 def perplexity(config: Config, token_ids: list[int], model_path: str | None) -> float:

@@ -51,7 +51,7 @@ from engine.model.resolve import ResolvedModel, resolve_model, shipped_draft_pat
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import small_rows_linear
-from kernels.onednn_linear import onednn_linear, prepack_bf16
+from kernels.onednn_linear import onednn_linear, prepack
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class DraftModel:
     # of each output row ([output_vocab] int64); None: the model's own head over the full vocabulary.
     head_weight: torch.Tensor | None
     vocab_ids: torch.Tensor | None
-    # head_weight prepacked for oneDNN (bf16 on CPUs with AMX / AVX512-BF16), else None.
+    # head_weight prepacked for oneDNN (on CPUs: float32, or bf16 with AMX / AVX512-BF16), else None.
     head_packed: torch.Tensor | None = None
     # An EAGLE head (engine/spec_decode/eagle.py): [hidden, 2 * hidden], the projection of
     # [embedding; target state] into its layer. None: a standalone draft model.
@@ -88,10 +88,13 @@ def resolve_draft_path(config: SpeculativeConfig, target: ResolvedModel) -> str:
 
 
 def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfig, dtype: torch.dtype,
-                     device: torch.device) -> DraftModel:
+                     device: torch.device, *, inference_only: bool = True) -> DraftModel:
+    """inference_only: its linears in their fastest execution form (prepacked for oneDNN on a
+    CPU), which exposes no `.weight`; False keeps plain weights for code that reads them
+    (drafts/: continuing an exported head)."""
     resolved = resolve_model(path)
     if resolved.format == "gguf":
-        model, arch = load_model(resolved, dtype=dtype, device=device, progress=False, inference_only=True)
+        model, arch = load_model(resolved, dtype=dtype, device=device, progress=False, inference_only=inference_only)
         _check_vocab(arch, target_arch, path)
         return DraftModel(model, arch, None, None)
     with open(os.path.join(resolved.path, "config.json"), encoding="utf-8") as f:
@@ -119,7 +122,7 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
             raise ValueError(f"{vocab_file}: draft_vocab_ids must be non-empty target token ids")
         head_weight = model.lm_head.weight.index_select(0, vocab_ids)  # [output_vocab, hidden]
     # Drafting is k tiny forwards per step, so per-call weight reordering would dominate: the
-    # decoder linears and the reduced head are prepacked like the target's (bf16 on AMX CPUs).
+    # decoder linears and the reduced head are prepacked like the target's (oneDNN on CPUs).
     fc_weight = None
     if kind == "eagle":
         if not extra.get("shared_embedding"):
@@ -133,13 +136,13 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
             raise ValueError(f"draft {path!r}: fc.weight is {tuple(fc_weight.shape)}, expected "
                              f"({arch.hidden_size}, {2 * arch.hidden_size})")
     head_packed = fc_packed = None
-    if prepare_draft_layers(model, device):
+    if inference_only and head_weight is None and kind == "layers":
+        prepare_for_inference(model, None, device)  # its decoder and its full-vocabulary head
+    elif inference_only and prepare_draft_layers(model, device):
         if head_weight is not None:
-            head_packed = prepack_bf16(head_weight)
+            head_packed = prepack(head_weight)
         if fc_weight is not None:
-            fc_packed = prepack_bf16(fc_weight)
-    elif head_weight is None and kind == "layers":
-        prepare_for_inference(model, None, device)
+            fc_packed = prepack(fc_weight)
     return DraftModel(model, arch, head_weight, vocab_ids, head_packed, fc_weight, fc_packed)
 
 

@@ -1,5 +1,5 @@
 """The CPU dispatch of kernels/quant_matmul.py (torch's packed int8/int4 kernels, bf16 compute)
-and the oneDNN-prepacked bf16 linear, against the references."""
+and the oneDNN-prepacked float32 and bf16 linears, against the references."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.onednn_linear import onednn_bf16_available, onednn_linear, prepack_bf16
+from kernels.onednn_linear import onednn_available, onednn_bf16_available, onednn_linear, prepack
 from kernels.quant_matmul import fp8_linear, int4_linear, int8_linear, prepare_fp8, prepare_int4, prepare_int8
 from kernels.quant_ref import (
     fp8_linear_ref,
@@ -69,12 +69,40 @@ def test_fp8_cpu_is_the_reference() -> None:
 def test_onednn_prepacked_bf16_equals_f_linear(m: int) -> None:
     weight, x, bias = _data(m)
     weight, x, bias = weight.bfloat16(), x.bfloat16(), bias.bfloat16()
-    packed = prepack_bf16(weight)
+    packed = prepack(weight)
     # Same products, same bf16 rounding of the fp32 accumulator: equal to F.linear's result
     # up to the summation order inside the kernel.
     torch.testing.assert_close(onednn_linear(x, packed, bias), F.linear(x, weight, bias), atol=2e-2, rtol=1e-2)
 
 
-def test_prepack_refuses_non_bf16() -> None:
-    with pytest.raises(ValueError, match="bfloat16"):
-        prepack_bf16(torch.zeros(4, 4))
+@pytest.mark.skipif(not onednn_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("m", [1, 2, 5, 9, 16, 33, 300])
+def test_onednn_prepacked_float32_is_float32_exact(m: int) -> None:
+    """Strict float32: each output is within float32 summation error of the float64 product
+    (a kernel computing in bf16 or tf32 would miss by about 1e-3 relative), at the row counts of
+    decoding, verification and prefill."""
+    weight, x, bias = _data(m, n=200, k=576, seed=m)
+    out = onednn_linear(x, prepack(weight), bias)
+    assert out.dtype == torch.float32 and out.shape == (m, 200)
+    exact = F.linear(x.double(), weight.double(), bias.double())
+    # |error| <= k * eps * sum|x_i w_i| for any summation order; in practice far below.
+    bound = 576 * 2.0**-24 * (x.double().abs() @ weight.double().abs().t() + bias.double().abs())
+    assert ((out.double() - exact).abs() <= bound).all()
+    assert (out.double() - exact).abs().max().item() < 1e-4
+
+
+@pytest.mark.skipif(not onednn_available(), reason="needs oneDNN")
+def test_onednn_prepacked_rows_do_not_depend_on_the_batch() -> None:
+    """A row's output does not change with the rows beside it beyond float32 rounding (the
+    greedy-identity tests of speculative decoding rely on this at the token level)."""
+    weight, x, _ = _data(16, n=300, k=576, seed=3)
+    packed = prepack(weight)
+    together = onednn_linear(x, packed)
+    for row in (0, 7, 15):
+        alone = onednn_linear(x[row : row + 1], packed)
+        torch.testing.assert_close(alone[0], together[row], atol=1e-5, rtol=1e-5)
+
+
+def test_prepack_refuses_other_dtypes() -> None:
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        prepack(torch.zeros(4, 4, dtype=torch.float16))

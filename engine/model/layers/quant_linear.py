@@ -1,7 +1,7 @@
 """Execution forms of a linear layer, swapped in after loading (engine/model/quantization.py).
 
 Each is built from a loaded `Linear` (or the lm_head's weight) and computes the same y = x W^T + b
-through a faster kernel: a oneDNN-prepacked bf16 weight on CPU, or a weight-only quantized one
+through a faster kernel: a oneDNN-prepacked float32 or bf16 weight on CPU, or a weight-only quantized one
 (int8 per channel, int4 group-wise, fp8 per channel) through kernels.quant_matmul, which picks
 Triton on CUDA and torch's packed CPU kernels on CPU. They keep Linear's shape attributes
 (input_size, output_sizes, output_size) and drop the full-precision weight, which is the point.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.onednn_linear import onednn_linear, prepack_bf16
+from kernels.onednn_linear import onednn_linear, prepack
 from kernels.quant_matmul import (
     Fp8Weight,
     Int4Weight,
@@ -58,15 +58,15 @@ class _ExecutionLinear(nn.Module):
         return f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}"
 
 
-class PackedBF16Linear(_ExecutionLinear):
-    """bf16 weight prepacked once for oneDNN (CPU only; see kernels/onednn_linear.py)."""
+class PackedLinear(_ExecutionLinear):
+    """A float32 or bf16 weight prepacked once for oneDNN (CPU only; see kernels/onednn_linear.py)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
-                 *, float_output: bool = False) -> None:  # weight: [N, K] bfloat16 on CPU
+                 *, float_output: bool = False) -> None:  # weight: [N, K] float32 or bfloat16 on CPU
         super().__init__(weight.shape[1], output_sizes or [weight.shape[0]], bias, float_output)
         # An opaque oneDNN tensor: kept as a plain attribute, not a buffer (it has no storage
         # that state_dict or .to() could handle).
-        self.packed = prepack_bf16(weight)
+        self.packed = prepack(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, K] -> [num_tokens, N]
         return self._finish(onednn_linear(x, self.packed, self.bias))

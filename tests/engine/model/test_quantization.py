@@ -1,6 +1,6 @@
 """Quantize-at-load on tiny random models: every linear swapped, the output close to the
 unquantized model's (int8 and fp8 closely, int4 loosely), greedy tokens kept where the margin
-allows; the bf16 prepack changes nothing but the speed; fp8 KV caches; option validation."""
+allows; the float32 and bf16 prepacks change nothing but the speed; fp8 KV caches; option validation."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import torch
 from engine.config import build_engine_config
 from engine.model.arch_config import ArchConfig
 from engine.model.layers.linear import Linear
-from engine.model.layers.quant_linear import Int4Linear, Int8Linear, PackedBF16Linear
+from engine.model.layers.quant_linear import Int4Linear, Int8Linear, PackedLinear
 from engine.model.llama import LlamaForCausalLM
-from engine.model.quantization import prepare_for_inference
+from engine.model import quantization
+from engine.model.quantization import prepacked_form, prepare_for_inference
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import FP8KVCache
-from kernels.onednn_linear import onednn_bf16_available
+from kernels.onednn_linear import onednn_available, onednn_bf16_available
 from model_harness import PagedDriver, random_hf_model, random_prompts, tiny_hf_config
 
 pytest.importorskip("transformers")
@@ -86,12 +87,33 @@ def test_bf16_prepack_is_the_default_form_and_keeps_the_output() -> None:
     reference = _logits(_model(dtype=torch.bfloat16), prompts)
     model = _model(dtype=torch.bfloat16)
     assert prepare_for_inference(model, None, torch.device("cpu")) == "bf16-prepacked"
-    assert isinstance(model.layers[0].self_attn.qkv_proj, PackedBF16Linear)
+    assert isinstance(model.layers[0].self_attn.qkv_proj, PackedLinear)
     for ours, ref in zip(_logits(model, prompts), reference):
         torch.testing.assert_close(ours, ref, atol=0.05 * ref.abs().max().item(), rtol=0.02)
 
 
-def test_float32_model_without_quantization_is_untouched() -> None:
+@pytest.mark.skipif(not onednn_available(), reason="needs oneDNN")
+def test_float32_prepack_is_the_default_form_on_cpu_and_keeps_the_output() -> None:
+    prompts = random_prompts([7, 3], 300, seed=2)
+    reference = _logits(_model(), prompts)
+    model = _model()
+    assert prepare_for_inference(model, None, torch.device("cpu")) == "fp32-prepacked"
+    assert isinstance(model.layers[0].mlp.down_proj, PackedLinear)
+    for ours, ref in zip(_logits(model, prompts), reference):
+        # Strict float32, summed in another order: rounding-level differences only.
+        torch.testing.assert_close(ours, ref, atol=1e-4 * ref.abs().max().item(), rtol=1e-4)
+
+
+def test_prepacking_is_cpu_only_and_bf16_needs_native_bf16() -> None:
+    assert prepacked_form(torch.float32, torch.device("cuda")) is None
+    assert prepacked_form(torch.bfloat16, torch.device("cuda")) is None
+    assert prepacked_form(torch.float16, torch.device("cpu")) is None
+    expected = "bf16-prepacked" if onednn_bf16_available() else None
+    assert prepacked_form(torch.bfloat16, torch.device("cpu")) == expected
+
+
+def test_float32_model_off_onednn_is_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantization, "onednn_available", lambda: False)
     model = _model()
     assert prepare_for_inference(model, None, torch.device("cpu")) is None
     assert isinstance(model.layers[0].mlp.down_proj, Linear)

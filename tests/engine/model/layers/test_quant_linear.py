@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers.quant_linear import Fp8Linear, Int4Linear, Int8Linear, PackedBF16Linear
+from engine.model.layers.quant_linear import Fp8Linear, Int4Linear, Int8Linear, PackedLinear
 from kernels.onednn_linear import onednn_bf16_available
 from kernels.quant_ref import dequantize_fp8, dequantize_int4, dequantize_int8, quantize_fp8, quantize_int4, quantize_int8
 
@@ -59,6 +59,6 @@ def test_fp8_linear_float_output() -> None:
 def test_packed_bf16_linear() -> None:
     weight, x, bias = _data()
     weight, x, bias = weight.bfloat16(), x.bfloat16(), bias.bfloat16()
-    layer = PackedBF16Linear(weight, bias, [96])
+    layer = PackedLinear(weight, bias, [96])
     torch.testing.assert_close(layer(x), F.linear(x, weight, bias), atol=2e-2, rtol=1e-2)
     assert not list(layer.parameters())  # the plain weight is gone
