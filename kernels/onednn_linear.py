@@ -9,22 +9,23 @@ bf16: only where the CPU runs bf16 natively (AMX or AVX512-BF16); elsewhere oneD
 Measured on an AMX machine (2 threads) at the embedded model's shapes: 1.2-2.8x faster than
 F.linear for M = 1..64, about 2x for the 49152 x 576 lm_head.
 
-float32: on every CPU oneDNN has JIT kernels for (SSE4.1, AVX2, AVX512), chosen by the CPU's
+float32: on every CPU oneDNN has JIT kernels (SSE4.1, AVX2, AVX512), chosen by the CPU's
 instruction sets, not its vendor. MKL's sgemm, behind F.linear, is far slower on the AMD EPYCs
 this project runs on, and its cost jumps with the row count where oneDNN's rises smoothly.
-Medians in ms, 2 threads, AMD EPYC with AVX512 (2026-12-02), F.linear / oneDNN prepacked:
+`python -m engine.benchmarks.cpu_linear` (docs/benchmarks.md; weights cycled from memory, 2
+threads, an AMD EPYC with AVX512, 2026-12-02), F.linear / oneDNN prepacked, ms:
 
-    rows                  1            2            8            16           32           512
-    lm_head 49152 x 576   9.83 / 2.48  16.2 / 4.21  18.8 / 2.95  20.2 / 4.41  33.0 / 6.81  235 / 119
-    gate_up 3072 x 576    0.12 / 0.07  0.21 / 0.07  0.42 / 0.11  0.57 / 0.16  1.25 / 0.32  12.5 / 4.9
-    down 576 x 1536       0.07 / 0.06  0.13 / 0.06  0.19 / 0.07  0.30 / 0.09  0.43 / 0.17  8.45 / 4.25
+    rows                  1            2            8            32           512
+    lm_head 49152 x 576   8.56 / 2.60  18.0 / 2.76  9.39 / 3.65  25.2 / 6.52  210 / 96.5
+    gate_up 3072 x 576    0.52 / 0.25  0.98 / 0.33  0.62 / 0.30  1.02 / 0.48  10.8 / 4.50
+    down 576 x 1536       0.25 / 0.13  0.35 / 0.15  0.45 / 0.20  0.86 / 0.45  8.43 / 4.31
 
 With oneDNN and MKL both held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) on
-the same machine oneDNN stays ahead: lm_head 7.55 / 4.02 ms at 1 row, 12.1 / 4.94 at 8, 21.2 /
-11.1 at 32; gate_up 0.39 / 0.20 at 8. A whole float32 forward of the embedded model with its
-logits, 8 requests at 600-token contexts, went from 55 to 39 ms at one token each, from 72 to 46 ms
-at two (verifying a draft each) and from 92 to 53 ms at three; one request's single token from 41
-to 23 ms (medians of 5, the configurations interleaved).
+the same machine oneDNN stays ahead at every shape and row count (1.15-2.5x; the lm_head 7.39 /
+3.50 ms at one row, 12.3 / 4.84 at 8, 21.5 / 9.85 at 32). A whole float32 forward of the
+embedded model with its logits, 8 requests at 600-token contexts, went from 55 to 39 ms at one
+token each, from 72 to 46 ms at two (verifying a draft each) and from 92 to 53 ms at three; one
+request's single token from 41 to 23 ms (medians of 5, the configurations interleaved).
 
 oneDNN computes float32 in float32 (its fpmath mode is strict unless
 torch.backends.mkldnn.matmul.fp32_precision is lowered); each output is the same dot product as

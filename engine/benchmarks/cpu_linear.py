@@ -1,0 +1,128 @@
+"""float32 linears on the CPU at the embedded model's shapes: F.linear, the few-row W @ x^T path
+(kernels/small_rows_linear.py) and oneDNN's prepacked product (kernels/onednn_linear.py, the
+engine's default on CPUs), side by side in one run.
+
+    python -m engine.benchmarks.cpu_linear [--threads 2] [--rows 1,2,4,8,16,32,512] [--write-docs]
+
+Rows: 1 is a decode step of one request, 8 a step of 8, 16-32 verification steps (8 requests with
+1-3 drafts each), 512 a prefill chunk. Each weight is copied enough times that the copies
+together exceed the last-level cache and the calls cycle through them, so every call reads its
+weight from memory as a decode step does (one pass over all the layers per step). Medians of
+--repeats calls per cell, the three paths interleaved call by call so the machine's drift hits
+each alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine.benchmarks.docs_section import write_section
+from kernels import small_rows_linear
+from kernels.onednn_linear import onednn_available, onednn_linear, prepack
+
+# (name, out_features, in_features): SmolLM2-135M's linears (q/k/v and gate/up fused, as the
+# engine runs them) and its tied lm_head.
+SHAPES = [
+    ("qkv", 960, 576),
+    ("o", 576, 576),
+    ("gate_up", 3072, 576),
+    ("down", 576, 1536),
+    ("lm_head", 49152, 576),
+]
+CACHE_BYTES = 256 * 2**20  # more than any last-level cache this runs on
+
+
+def _once(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, float, float]]:
+    """(shape, rows, F.linear ms, W @ x^T path ms, oneDNN ms) medians."""
+    results = []
+    generator = torch.Generator().manual_seed(0)
+    for name, n, k in SHAPES:
+        copies = min(64, max(3, CACHE_BYTES // (n * k * 4)))  # 3 or more: the paths never share one
+        weights = [torch.randn(n, k, generator=generator) for _ in range(copies)]
+        packed = [prepack(w) for w in weights]
+        for rows in rows_list:
+            x = torch.randn(rows, k, generator=generator)
+            samples: dict[str, list[float]] = {"linear": [], "small_rows": [], "onednn": []}
+            calls = 0  # every call takes the next copy: none finds its weight in the cache
+            with torch.inference_mode():
+                for i in range(repeats + 2):  # two warm-up rounds
+                    for path in samples:
+                        j = calls % len(weights)
+                        calls += 1
+                        if path == "linear":
+                            seconds = _once(lambda: F.linear(x, weights[j]))
+                        elif path == "small_rows":
+                            seconds = _once(lambda: small_rows_linear.linear(x, weights[j]))
+                        else:
+                            seconds = _once(lambda: onednn_linear(x, packed[j]))
+                        if i >= 2:
+                            samples[path].append(seconds)
+            results.append((name, rows, *(1e3 * statistics.median(samples[p]) for p in ("linear", "small_rows", "onednn"))))
+            print(f"{name} {rows} rows: " + " / ".join(f"{v:.3f}" for v in results[-1][2:]) + " ms", flush=True)
+    return results
+
+
+def table(results: list[tuple[str, int, float, float, float]], args: argparse.Namespace) -> str:
+    lines = [
+        f"Medians of {args.repeats} calls, {args.threads} threads, weights cycled from memory; ms, and "
+        "F.linear's time over oneDNN's. W @ x^T: kernels/small_rows_linear.py (2-32 rows as W @ x^T, "
+        "else F.linear), the float32 path before prepacking.",
+        "",
+        "| linear | out x in | rows | F.linear ms | W @ x^T path ms | oneDNN prepacked ms | F.linear / oneDNN |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    shapes = {name: (n, k) for name, n, k in SHAPES}
+    for name, rows, linear, small_rows, onednn in results:
+        n, k = shapes[name]
+        lines.append(f"| {name} | {n} x {k} | {rows} | {linear:.3f} | {small_rows:.3f} | {onednn:.3f} | "
+                     f"{linear / onednn:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", default="1,2,4,8,16,32,512")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args(argv)
+    if not onednn_available():
+        raise SystemExit("this torch has no oneDNN: nothing to compare")
+    torch.set_num_threads(args.threads)
+    results = measure([int(r) for r in args.rows.split(",")], args.repeats)
+    text = table(results, args)
+    print(text)
+    if args.write_docs:
+        command = "python -m engine.benchmarks.cpu_linear " + " ".join(sys.argv[1:] if argv is None else argv)
+        isa = ", ".join(f for f in ("avx512f", "avx512_bf16", "amx_tile", "avx2") if _cpu_has(f))
+        write_section("cpu-linear-benchmark",
+                      f"## float32 linears on the CPU: F.linear against oneDNN prepacked\n\n"
+                      f"Command: `{command.strip()}`\n\nMachine: {platform.machine()} ({isa}), "
+                      f"{os.cpu_count()} CPU threads, torch {torch.__version__}. Measured "
+                      f"{time.strftime('%Y-%m-%d')}.\n\n{text}")
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
