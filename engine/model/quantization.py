@@ -5,8 +5,8 @@ form and computes the same product (engine/model/layers/quant_linear.py).
 Methods (`--quantization`):
 - None: no quantization. On a CPU a float32 model's linears, and a bf16 model's where the CPU
   runs bf16 natively (AMX / AVX512-BF16), are prepacked for oneDNN instead (the same products,
-  summed in another order; 2-5x faster than F.linear for float32 on the AMD EPYCs measured,
-  kernels/onednn_linear.py).
+  summed in another order; for float32 on an AMD EPYC 1.5-6.5x faster than F.linear per linear,
+  1.6-2x end to end: kernels/onednn_linear.py, docs/kernels.md).
 - "int8": weight-only int8, per output channel; every linear and the lm_head.
 - "int4": weight-only int4, group-wise: group 128 (or the largest of 64/32 dividing the input
   size) for full-precision checkpoints, group 32 for GGUF files. GGUF weights are already

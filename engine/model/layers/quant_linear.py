@@ -1,10 +1,11 @@
 """Execution forms of a linear layer, swapped in after loading (engine/model/quantization.py).
 
 Each is built from a loaded `Linear` (or the lm_head's weight) and computes the same y = x W^T + b
-through a faster kernel: a oneDNN-prepacked float32 or bf16 weight on CPU, or a weight-only quantized one
-(int8 per channel, int4 group-wise, fp8 per channel) through kernels.quant_matmul, which picks
-Triton on CUDA and torch's packed CPU kernels on CPU. They keep Linear's shape attributes
-(input_size, output_sizes, output_size) and drop the full-precision weight, which is the point.
+through a faster kernel: a oneDNN-prepacked float32 or bf16 weight on CPU, or a weight-only
+quantized one (int8 per channel, int4 group-wise, fp8 per channel) through kernels.quant_matmul,
+which picks Triton on CUDA and torch's packed CPU kernels on CPU. They keep Linear's shape
+attributes (input_size, output_sizes, output_size) and drop the full-precision weight, which is
+the point.
 
 float_output=True makes a layer return float32, as the lm_head does (LMHead's contract).
 """
