@@ -22,10 +22,9 @@ threads, an AMD EPYC with AVX512, 2026-12-02), F.linear / oneDNN prepacked, ms:
 
 With oneDNN and MKL both held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) on
 the same machine oneDNN stays ahead at every shape and row count (1.15-2.5x; the lm_head 7.39 /
-3.50 ms at one row, 12.3 / 4.84 at 8, 21.5 / 9.85 at 32). A whole float32 forward of the
-embedded model with its logits, 8 requests at 600-token contexts, went from 55 to 39 ms at one
-token each, from 72 to 46 ms at two (verifying a draft each) and from 92 to 53 ms at three; one
-request's single token from 41 to 23 ms (medians of 5, the configurations interleaved).
+3.50 ms at one row, 12.3 / 4.84 at 8, 21.5 / 9.85 at 32). End to end, float32 decoding ran
+1.6x (one stream) to 2x (8 streams) faster (`python -m engine.benchmarks.quant`, its `float32
+plain` row against `float32`).
 
 oneDNN computes float32 in float32 (its fpmath mode is strict unless
 torch.backends.mkldnn.matmul.fp32_precision is lowered); each output is the same dot product as

@@ -40,12 +40,6 @@ SHAPES = [
 CACHE_BYTES = 256 * 2**20  # more than any last-level cache this runs on
 
 
-def _once(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
 def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, float, float]]:
     """(shape, rows, F.linear ms, W @ x^T path ms, oneDNN ms) medians."""
     results = []
@@ -56,22 +50,21 @@ def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, f
         packed = [prepack(w) for w in weights]
         for rows in rows_list:
             x = torch.randn(rows, k, generator=generator)
-            samples: dict[str, list[float]] = {"linear": [], "small_rows": [], "onednn": []}
+            paths = (lambda j: F.linear(x, weights[j]),  # (in the order of the result's columns)
+                     lambda j: small_rows_linear.linear(x, weights[j]),
+                     lambda j: onednn_linear(x, packed[j]))
+            samples: list[list[float]] = [[] for _ in paths]
             calls = 0  # every call takes the next copy: none finds its weight in the cache
             with torch.inference_mode():
                 for i in range(repeats + 2):  # two warm-up rounds
-                    for path in samples:
+                    for path, times in zip(paths, samples):
                         j = calls % len(weights)
                         calls += 1
-                        if path == "linear":
-                            seconds = _once(lambda: F.linear(x, weights[j]))
-                        elif path == "small_rows":
-                            seconds = _once(lambda: small_rows_linear.linear(x, weights[j]))
-                        else:
-                            seconds = _once(lambda: onednn_linear(x, packed[j]))
+                        started = time.perf_counter()
+                        path(j)
                         if i >= 2:
-                            samples[path].append(seconds)
-            results.append((name, rows, *(1e3 * statistics.median(samples[p]) for p in ("linear", "small_rows", "onednn"))))
+                            times.append(time.perf_counter() - started)
+            results.append((name, rows, *(1e3 * statistics.median(times) for times in samples)))
             print(f"{name} {rows} rows: " + " / ".join(f"{v:.3f}" for v in results[-1][2:]) + " ms", flush=True)
     return results
 
@@ -108,20 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.write_docs:
         command = "python -m engine.benchmarks.cpu_linear " + " ".join(sys.argv[1:] if argv is None else argv)
-        isa = ", ".join(f for f in ("avx512f", "avx512_bf16", "amx_tile", "avx2") if _cpu_has(f))
+        isa = torch.backends.cpu.get_cpu_capability()  # the widest vector ISA torch's kernels use here
         write_section("cpu-linear-benchmark",
                       f"## float32 linears on the CPU: F.linear against oneDNN prepacked\n\n"
                       f"Command: `{command.strip()}`\n\nMachine: {platform.machine()} ({isa}), "
                       f"{os.cpu_count()} CPU threads, torch {torch.__version__}. Measured "
                       f"{time.strftime('%Y-%m-%d')}.\n\n{text}")
-
-
-def _cpu_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(flag in line.split() for line in f if line.startswith("flags"))
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":
