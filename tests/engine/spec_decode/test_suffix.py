@@ -47,14 +47,46 @@ def test_finished_outputs_feed_later_requests_and_are_bounded() -> None:
     assert _propose(proposer, "newer", [9, 41, 42], [], k=2).token_ids == []
 
 
+def _brute_force_sources(proposer: SuffixProposer, key: tuple[int, ...]) -> list[tuple[list[int], int]]:
+    """key's occurrences with a continuation in the recent outputs the proposer still holds, by a
+    scan of every output: the newest output first, the latest position first."""
+    found = []
+    for tokens in reversed(proposer._global.outputs.values()):
+        found += [(tokens, end) for end in range(len(tokens) - 2, len(key) - 2, -1)
+                  if tuple(tokens[end - len(key) + 1: end + 1]) == key]
+    return found[: proposer.max_occurrences]
+
+
+def test_recent_outputs_index_matches_a_scan_of_the_outputs_it_holds() -> None:
+    import random
+
+    rng = random.Random(1)
+    proposer = SuffixProposer(max_ngram=4, min_ngram=2, max_occurrences=3, global_max_requests=6,
+                              global_max_tokens=120)
+    for r in range(40):
+        proposer.finish(f"r{r}", [rng.randrange(4) for _ in range(rng.randrange(2, 40))])
+        held = list(proposer._global.outputs.values())
+        assert len(held) <= 6 and sum(map(len, held)) <= 120
+        for n in range(1, 5):
+            for _ in range(10):
+                key = tuple(rng.randrange(4) for _ in range(n))
+                expected = _brute_force_sources(proposer, key)
+                assert proposer._global.sources(key) == expected
+                assert proposer._global.occurs(key) == bool(expected)
+    # Every occurrence of an output that left is gone (nothing kept alive by stale entries).
+    numbers = set(proposer._global.outputs)
+    assert all(number in numbers for found in proposer._global.ends.values() for number, _ in found)
+    proposer.forget_outputs()
+    assert not proposer._global.ends and proposer._global.num_tokens == 0
+
+
 def _longest_first(proposer: SuffixProposer, index, num_drafts: int):
     """The search written the obvious way: every length from the longest down, all sources."""
     tokens = index.tokens
     for n in range(min(proposer.max_ngram, len(tokens)), proposer.min_ngram - 1, -1):
         key = tuple(tokens[-n:])
         sources = [(index.tokens, p) for p in index.occurrences(key, len(tokens))]
-        for entry in reversed(proposer._global.values()):
-            sources += [(entry.tokens, p) for p in entry.occurrences(key, len(entry.tokens))]
+        sources += _brute_force_sources(proposer, key)
         if sources:
             return proposer._follow(sources[: proposer.max_occurrences], num_drafts)
     return None
