@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--teacher", choices=("precompute", "online"), default="precompute")
     distill.add_argument("--teacher-batch-size", type=int, default=8)
     distill.add_argument("--target-dtype", default="auto", help="teacher weights: auto (bf16 on CUDA, fp32 on CPU), ...")
-    distill.add_argument("--autocast", default="auto", help="auto (bf16 on CUDA and AMX CPUs), bf16, fp16, none")
+    distill.add_argument("--autocast", default="auto", help="auto (bf16 on CUDA and on CPUs with AMX or AVX512-BF16), bf16, fp16, none")
     distill.add_argument("--export", default=None, help="draft folder to write when training ends")
     distill.add_argument("--export-dtype", default="bfloat16")
     for f in fields(TrainConfig):

@@ -25,6 +25,7 @@ from drafts.data.corpus import Corpus
 from drafts.loss import topk_kl
 from drafts.model import TrainableLlama
 from drafts.teacher import TeacherSource, autocast_context, pad_windows
+from kernels.onednn_linear import onednn_bf16_available
 
 LOG_FILE = "log.jsonl"
 
@@ -68,7 +69,9 @@ def lr_at(step: int, config: TrainConfig) -> float:
 
 
 def resolve_autocast(setting: str, device: torch.device) -> torch.dtype | None:
-    """"auto": bf16 on CUDA, and on CPUs with AMX tiles (bf16 matmuls in hardware); else none."""
+    """"auto": bf16 on CUDA, and on CPUs with bf16 matmuls in hardware (AMX tiles or AVX512-BF16:
+    on an AVX512-BF16 EPYC the EAGLE head's loss matmul, [4096, 576] x [576, 8192] forward and
+    backward, took 0.51 s against 1.46 s in float32); else none."""
     if setting == "none":
         return None
     if setting in ("bf16", "bfloat16"):
@@ -79,8 +82,7 @@ def resolve_autocast(setting: str, device: torch.device) -> torch.dtype | None:
         raise ValueError(f"autocast must be 'auto', 'bf16', 'fp16' or 'none', got {setting!r}")
     if device.type == "cuda":
         return torch.bfloat16
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return torch.bfloat16 if probe is not None and probe() else None
+    return torch.bfloat16 if onednn_bf16_available() else None
 
 
 class Distiller:
