@@ -129,13 +129,17 @@ class SpeculativeConfig:
     expects more accepted tokens).
     draft_model: a draft folder or GGUF file for "draft"/"hybrid"; None takes the draft shipped
     for the embedded model (only when the target is the embedded model).
-    num_speculative_tokens: the most drafted tokens per request per step.
+    num_speculative_tokens: the most tokens a draft model drafts per request per step.
+    num_suffix_tokens: the most tokens suffix matching drafts per request per step ("suffix" and
+    "hybrid"). Its own cap, longer: suffix drafts cost no model compute, and where text repeats
+    (tool calls, JSON, quoted code) a match runs long; a draft model pays for every position.
     adaptive: draft fewer tokens when a request's acceptance is low or the batch is large.
     """
 
     method: str = "none"
     draft_model: str | None = None
     num_speculative_tokens: int = 4
+    num_suffix_tokens: int = 16
     adaptive: bool = True
 
     def __post_init__(self) -> None:
@@ -143,6 +147,8 @@ class SpeculativeConfig:
                  f"must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
         _require(1 <= self.num_speculative_tokens <= 16, "num_speculative_tokens",
                  f"must be in [1, 16], got {self.num_speculative_tokens}")
+        _require(1 <= self.num_suffix_tokens <= 32, "num_suffix_tokens",
+                 f"must be in [1, 32], got {self.num_suffix_tokens}")
         _require(self.draft_model is None or self.method in ("draft", "hybrid"), "draft",
                  f"a draft model needs speculative 'draft' or 'hybrid', got {self.method!r}")
 
@@ -210,6 +216,7 @@ def build_engine_config(
     speculative: str = "none",
     draft: str | None = None,
     num_speculative_tokens: int = 4,
+    num_suffix_tokens: int = 16,
     adaptive_speculation: bool = True,
 ) -> EngineConfig:
     """One place that turns keyword options (offline API and CLI alike) into EngineConfig."""
@@ -238,5 +245,5 @@ def build_engine_config(
         device=DeviceConfig(device=device, num_threads=num_threads),
         speculative=SpeculativeConfig(method=speculative, draft_model=draft,
                                       num_speculative_tokens=num_speculative_tokens,
-                                      adaptive=adaptive_speculation),
+                                      num_suffix_tokens=num_suffix_tokens, adaptive=adaptive_speculation),
     )

@@ -64,9 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="draft model (a GGUF file or a draft folder) for --speculative draft|hybrid "
                             "(default: the draft shipped for the embedded model)")
     model.add_argument("--num-speculative-tokens", type=int, default=4,
-                       help="most drafted tokens per request per step")
+                       help="most tokens the draft model drafts per request per step (1-16)")
+    model.add_argument("--num-suffix-tokens", type=int, default=16,
+                       help="most tokens suffix matching drafts per request per step (1-32; its drafts cost no "
+                            "model compute, so its cap is longer)")
     model.add_argument("--no-adaptive-speculation", action="store_true",
-                       help="always draft --num-speculative-tokens, whatever the acceptance and batch size")
+                       help="always draft up to --num-speculative-tokens (draft model) and --num-suffix-tokens "
+                            "(suffix), whatever the acceptance and batch size")
     model.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
                        help="name clients use in 'model' (repeatable; default: the model's own name)")
     model.add_argument("--accept-any-model", action="store_true",
@@ -135,7 +139,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         speculative=default_speculation(args.model, args.draft) if args.speculative == "auto" else args.speculative,
         draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
-        adaptive_speculation=not args.no_adaptive_speculation,
+        num_suffix_tokens=args.num_suffix_tokens, adaptive_speculation=not args.no_adaptive_speculation,
     )
     return GatewayConfig(
         engine=engine, host=args.host, port=args.port,

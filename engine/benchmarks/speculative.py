@@ -126,7 +126,13 @@ def _groups(prompts: list[list[int]], streams: int) -> list[list[list[int]]]:
 
 
 def _load(method: str, args: argparse.Namespace) -> LLM:
-    options = {"speculative": method, "num_speculative_tokens": args.num_speculative_tokens}
+    """method: a speculative method, or METHOD/CAP with its own cap (the draft model's for
+    draft, the suffix's for suffix and hybrid; see --methods)."""
+    options = {"num_speculative_tokens": args.num_speculative_tokens, "num_suffix_tokens": args.num_suffix_tokens}
+    method, _, cap = method.partition("/")
+    if cap:
+        options["num_speculative_tokens" if method == "draft" else "num_suffix_tokens"] = int(cap)
+    options["speculative"] = method
     if method in ("draft", "hybrid") and args.draft:
         options["draft"] = args.draft
     llm = LLM(dtype=args.dtype, kv_cache_memory=args.kv_cache_memory, **options)
@@ -201,9 +207,13 @@ def _measure_round(engines: dict[str, LLM], prompts: list[list[int]], streams: i
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draft", default=None, help="draft model (default: the shipped draft)")
-    parser.add_argument("--methods", default="none,draft,suffix,hybrid")
+    parser.add_argument("--methods", default="none,draft,suffix,hybrid",
+                        help="comma-separated; METHOD/N gives a method its own cap, side by side with the "
+                             "others (draft/N: the draft model's; suffix/N, hybrid/N: the suffix's), e.g. "
+                             "none,suffix/4,suffix")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--num-speculative-tokens", type=int, default=4, help="the draft model's cap")
+    parser.add_argument("--num-suffix-tokens", type=int, default=16, help="suffix matching's cap")
     parser.add_argument("--streams", default="1,8")
     parser.add_argument("--workloads", default="code,chat,agent")
     parser.add_argument("--num-prompts", type=int, default=8, help="prompts per workload")
@@ -295,7 +305,8 @@ def main(argv: list[str] | None = None) -> None:
                              f"{identical}/{total} |")
     table = "\n".join(lines)
     header = (f"Greedy, max_tokens={args.max_tokens}, num_speculative_tokens={args.num_speculative_tokens} "
-              f"(adaptive), {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; one engine "
+              f"(draft model), num_suffix_tokens={args.num_suffix_tokens} (suffix), "
+              f"adaptive, {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; one engine "
               f"per method, every method running the same group at once (a group: one prompt at 1 stream, all the "
               f"streams' prompts submitted together otherwise), the engines' steps interleaved one by one and "
               f"each method's seconds the sum of its own steps; tokens/s: the median over {args.rounds} rounds at 1 "

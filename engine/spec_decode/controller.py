@@ -43,7 +43,13 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   when it drafts again (draft_model.py), so a switched-off draft costs little (an EAGLE head
   still keeps its KV current in batched passes: eagle.py).
 
-adaptive=False: every proposer drafts up to num_speculative_tokens, always.
+Caps: a draft model drafts at most num_speculative_tokens per request per step, suffix matching
+at most num_suffix_tokens (longer: its drafts cost no model compute, and where text repeats a
+match runs long; on the agent workload at one stream, bf16, suffix drafting made 2.53x with a cap
+of 4, 3.30x with 8 and 3.69x with 16, docs/speculative.md), a cap that shrinks in a batch
+(suffix_cap).
+
+adaptive=False: every proposer drafts up to its cap, always.
 """
 
 from __future__ import annotations
@@ -115,20 +121,34 @@ class TokensPerStep:
 
 @dataclass
 class Acceptance:
-    """Decaying counts of accepted drafts and of trials; p = accepted / trials."""
+    """Decaying counts of accepted drafts and of trials; p = accepted / trials. The first draft
+    of each verification is also counted apart (first_accepted / first_trials), so that the rate
+    of the drafts after it, given the one before was accepted, is known too (continued_p)."""
 
     accepted: float
     trials: float
+    first_accepted: float = 0.0
+    first_trials: float = 0.0
 
     @property
     def p(self) -> float:
         return min(MAX_ACCEPTANCE, self.accepted / self.trials) if self.trials > 0 else 0.5
+
+    @property
+    def continued_accepted(self) -> float:
+        return self.accepted - self.first_accepted
+
+    @property
+    def continued_trials(self) -> float:
+        return self.trials - self.first_trials
 
     def update(self, num_drafted: int, num_accepted: int, decay: float) -> None:
         # Drafts after the first rejected one were never tried: they say nothing about p.
         trials = num_accepted + (1 if num_accepted < num_drafted else 0)
         self.accepted = decay * self.accepted + num_accepted
         self.trials = decay * self.trials + trials
+        self.first_accepted = decay * self.first_accepted + (1 if num_accepted else 0)
+        self.first_trials = decay * self.first_trials + 1
 
 
 class SpeculationController:
@@ -150,7 +170,7 @@ class SpeculationController:
         acceptance (a prior of p = 0.5)."""
         self.cost = StepCostModel()
         self.draft_cost = DraftCostModel()
-        self._pooled = {"suffix": Acceptance(1.0, 2.0), "draft": Acceptance(1.0, 2.0)}
+        self._pooled = {"suffix": Acceptance(1.0, 2.0, 0.5, 1.0), "draft": Acceptance(1.0, 2.0, 0.5, 1.0)}
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
@@ -167,7 +187,31 @@ class SpeculationController:
 
     @property
     def max_drafts(self) -> int:
-        return self.config.num_speculative_tokens
+        """The most tokens any of its proposers drafts for a request in a step."""
+        return max(self.draft_tokens, self.suffix_tokens)
+
+    @property
+    def draft_tokens(self) -> int:
+        """The draft model's cap per request per step (0: no draft model)."""
+        return self.config.num_speculative_tokens if self.draft is not None else 0
+
+    @property
+    def suffix_tokens(self) -> int:
+        """Suffix matching's cap per request per step (0: no suffix proposer)."""
+        return self.suffix.max_drafts if self.suffix is not None else 0
+
+    def suffix_cap(self, batch_size: int) -> int:
+        """Suffix matching's cap this step: num_suffix_tokens alone, shrinking with the batch
+        (num_suffix_tokens // batch_size), never under num_speculative_tokens (nor over
+        num_suffix_tokens). In a batch, one request's long drafts are paid by every request of the
+        step (they wait for their verification), and the fairness gate only keeps a request from
+        getting slower than without speculation, not from losing its own drafts' gains to the
+        others': at 8 streams (bf16, this machine) code and agent turns made 1.02-1.07x and
+        1.21-1.23x with suffix drafts up to 16 against 1.11-1.16x and 1.35-1.37x with 4, while
+        alone 16 made 3.69x on agent turns against 2.53x."""
+        suffix_tokens = self.suffix_tokens
+        floor = min(suffix_tokens, self.config.num_speculative_tokens)
+        return max(floor, suffix_tokens // max(1, batch_size))
 
     # ---- measurements ------------------------------------------------------------------------
     def observe_step(self, num_tokens: int, seconds: float, attention: float = 0.0) -> None:
@@ -207,6 +251,19 @@ class SpeculationController:
         prior = self._pooled[method].p
         return min(MAX_ACCEPTANCE, (own.accepted + PRIOR_TRIALS * prior) / (own.trials + PRIOR_TRIALS))
 
+    def suffix_rates(self, req_id: str) -> tuple[float, float]:
+        """(first, continued): the chance a suffix draft's first token is accepted, and that each
+        later one is, given the one before it was; each the request's own counts shrunk toward the
+        pooled rate by PRIOR_TRIALS. A suffix draft is right or wrong as a whole more than token
+        by token (the repeated stretch goes on, or the text went elsewhere at once), which one
+        rate p^j gets wrong both ways: at 8 code streams with drafts up to 16 it expected 0.53 at
+        the 6th-13th drafts, where 0.31-0.41 came (bf16), and drafting them lost to drafting 4."""
+        own, pooled = self._estimate(req_id, "suffix"), self._pooled["suffix"]
+        first = _shrunk(own.first_accepted, own.first_trials, _rate(pooled.first_accepted, pooled.first_trials))
+        continued = _shrunk(own.continued_accepted, own.continued_trials,
+                            _rate(pooled.continued_accepted, pooled.continued_trials))
+        return first, continued
+
     def _estimate(self, req_id: str, method: str) -> Acceptance:
         estimate = self._acceptance.get((req_id, method))
         if estimate is None:
@@ -243,13 +300,15 @@ class SpeculationController:
                 self._skip_step(requests)
                 self.proposer_seconds += time.perf_counter() - started
                 return {request.req_id: Proposal([]) for request in requests}
-        suffix = self.suffix.propose(requests) if method in ("suffix", "hybrid") else {}
+        suffix = (self.suffix.propose(requests, self.suffix_cap(batch_size)) if method in ("suffix", "hybrid")
+                  else {})
         alternatives = {} if unpriced else self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
             chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, standing, probe_every)
         else:  # everything, always: suffix where it has a proposal, else the draft model
-            chosen = {r.req_id: ("suffix" if method == "suffix" or (method == "hybrid" and suffix[r.req_id].token_ids)
-                                 else "draft", r.num_drafts) for r in requests}
+            chosen = {r.req_id: ("suffix", r.num_drafts) if method == "suffix" or (
+                          method == "hybrid" and suffix[r.req_id].token_ids)
+                      else ("draft", min(r.num_drafts, self.draft_tokens)) for r in requests}
         proposals: dict[str, Proposal] = {}
         need_draft = []
         # Taken by the first request that drafts: two rows, on its own clock (the idle requests'
@@ -343,13 +402,13 @@ class SpeculationController:
             verify = self.cost.token_seconds(contexts[request.req_id])
             per_request: list[Candidate] = []
             if request.req_id in suffix:
-                p = self.acceptance(request.req_id, "suffix")
+                first, continued = self.suffix_rates(request.req_id)
                 confidence = suffix[request.req_id].confidence[: request.num_drafts]
-                gains = [min(c, p ** j) for j, c in enumerate(confidence, 1)]
+                gains = [min(c, first * continued ** j) for j, c in enumerate(confidence)]
                 per_request.append(Candidate(request.req_id, gains, verify, "suffix"))
             if self.draft is not None:
                 p = self.acceptance(request.req_id, "draft")
-                gains = [p ** j for j in range(1, request.num_drafts + 1)]
+                gains = [p ** j for j in range(1, min(request.num_drafts, self.draft_tokens) + 1)]
                 if gains:  # the runners-up ride on the first draft (first order: their net)
                     gains[0] += sum(alternatives.get(request.req_id, ()))
                 per_request.append(Candidate(request.req_id, gains, verify + self.draft_cost.per_token, "draft"))
@@ -421,6 +480,15 @@ class SpeculationController:
             self.suffix.finish(req_id, output_token_ids)
         if self.draft is not None:
             self.draft.finish(req_id, output_token_ids)
+
+
+def _rate(accepted: float, trials: float) -> float:
+    return min(MAX_ACCEPTANCE, accepted / trials) if trials > 0 else 0.5
+
+
+def _shrunk(accepted: float, trials: float, prior: float) -> float:
+    """A request's own rate, with PRIOR_TRIALS trials at the prior rate."""
+    return min(MAX_ACCEPTANCE, (accepted + PRIOR_TRIALS * prior) / (trials + PRIOR_TRIALS))
 
 
 def _context_len(request: ProposalRequest) -> int:

@@ -123,8 +123,9 @@ class RecentOutputsIndex:
 
 
 class SuffixProposer:
-    def __init__(self, *, max_ngram: int = 8, min_ngram: int = 2, max_occurrences: int = 32,
+    def __init__(self, *, max_drafts: int = 16, max_ngram: int = 8, min_ngram: int = 2, max_occurrences: int = 32,
                  min_vote_share: float = 0.5, global_max_requests: int = 256, global_max_tokens: int = 1 << 18) -> None:
+        self.max_drafts = max_drafts  # per request per step (SpeculativeConfig.num_suffix_tokens)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_occurrences = max_occurrences
@@ -157,11 +158,13 @@ class SuffixProposer:
         self._global.clear()
 
     # ---- proposing ---------------------------------------------------------------------------
-    def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
+    def propose(self, requests: list[ProposalRequest], max_drafts: int | None = None) -> dict[str, Proposal]:
+        """Up to request.num_drafts tokens each, never more than max_drafts (None: self.max_drafts)."""
+        cap = self.max_drafts if max_drafts is None else min(max_drafts, self.max_drafts)
         proposals: dict[str, Proposal] = {}
         for request in requests:
             index = self._index_for(request)
-            proposals[request.req_id] = self._propose_one(index, request.num_drafts)
+            proposals[request.req_id] = self._propose_one(index, min(request.num_drafts, cap))
         return proposals
 
     def _propose_one(self, index: NgramIndex, num_drafts: int) -> Proposal:

@@ -179,7 +179,8 @@ class ModelRunner:
                 draft_proposer = self._draft_proposer_class(self.draft, num_blocks=num_blocks,
                                                             block_size=self.block_size, device=self.device,
                                                             dtype=self.dtype)
-            suffix = SuffixProposer() if config.method in ("suffix", "hybrid") else None
+            suffix = (SuffixProposer(max_drafts=config.num_suffix_tokens) if config.method in ("suffix", "hybrid")
+                      else None)
             self.spec = SpeculationController(config, suffix=suffix, draft=draft_proposer)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * self.kv_spec.bytes_per_block / 2**20)

@@ -38,3 +38,20 @@ def test_interleaved_round_matches_generate() -> None:
         assert sample["tokens"] == sum(len(t) for t in expected)
         assert sample["seconds"] > 0
         assert not engines[method].engine.has_unfinished_requests()
+
+
+def test_a_method_can_carry_its_own_cap() -> None:
+    """METHOD/N in --methods: the draft model's cap for draft, the suffix's for suffix and hybrid;
+    the others keep the command's caps."""
+    import argparse
+
+    from engine.benchmarks.speculative import _load
+
+    args = argparse.Namespace(num_speculative_tokens=4, num_suffix_tokens=16, draft=None, dtype="float32",
+                              kv_cache_memory="64MiB")
+    capped = _load("suffix/5", args).config.speculative
+    assert (capped.method, capped.num_speculative_tokens, capped.num_suffix_tokens) == ("suffix", 4, 5)
+    plain = _load("suffix", args).config.speculative
+    assert (plain.method, plain.num_speculative_tokens, plain.num_suffix_tokens) == ("suffix", 4, 16)
+    draft = _load("draft/2", args).config.speculative
+    assert (draft.method, draft.num_speculative_tokens, draft.num_suffix_tokens) == ("draft", 2, 16)

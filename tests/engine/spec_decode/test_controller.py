@@ -180,7 +180,7 @@ def test_the_gate_opens_as_every_requests_drafts_pay_and_stays_shut_for_one_that
     # While the gate is shut the proposer does not even run, but on the probe steps.
     calls = []
     real_propose = spec.suffix.propose
-    spec.suffix.propose = lambda requests: calls.append(len(requests)) or real_propose(requests)
+    spec.suffix.propose = lambda requests, *cap: calls.append(len(requests)) or real_propose(requests, *cap)
     drafted = run_batch(spec, names, 2 * PROBE_EVERY, rejecting="r7")
     assert len([count for count in drafted if count]) == 2 and calls == [8, 8]
 
@@ -488,3 +488,51 @@ def test_before_the_step_price_is_known_one_draft_each_and_no_runners_up() -> No
     assert spec.cost.identified
     single = ProposalRequest("a", [1, 2, 3], [4], num_drafts=4, max_alternatives=3)
     assert len(spec.propose([single], batch_size=1)["a"].token_ids) > 1 and single.num_alternatives > 0
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_suffix_and_draft_model_have_caps_of_their_own(adaptive: bool) -> None:
+    """num_suffix_tokens caps suffix drafts, num_speculative_tokens the draft model's, each
+    within the room the runner gives (request.num_drafts: the larger cap, less what max_tokens
+    leaves)."""
+    draft = CountingDraft()
+    config = SpeculativeConfig(method="hybrid", num_speculative_tokens=2, num_suffix_tokens=7, adaptive=adaptive)
+    spec = SpeculationController(config, suffix=SuffixProposer(max_drafts=config.num_suffix_tokens), draft=draft)
+    observe_cpu_steps(spec)
+    assert spec.max_drafts == 7
+    # Alone on a step, cheap verification, suffix drafts that were always accepted: the
+    # confident match would be worth drafting past 7.
+    for _ in range(20):
+        spec.propose([request("warm", REPEATING, k=spec.max_drafts)], batch_size=1)
+        spec.record("warm", 7, 7)
+    proposals = spec.propose([request("a", REPEATING, k=spec.max_drafts)], batch_size=1)
+    assert proposals["a"].token_ids == [5, 6, 7, 8, 5, 6, 7] and not draft.asked
+    # Nothing to continue from: the draft model drafts, at most its own cap.
+    proposals = spec.propose([request("b", [40, 41, 42], k=7)], batch_size=1)
+    assert draft.asked == [("b", 2)] and proposals["b"].token_ids == [7, 7]
+    # Less room (max_tokens near): the room wins over both caps.
+    proposals = spec.propose([request("c", REPEATING, k=3)], batch_size=1)
+    assert proposals["c"].token_ids == [5, 6, 7]
+
+
+def test_the_suffix_cap_shrinks_with_the_batch_down_to_the_draft_models() -> None:
+    config = SpeculativeConfig(method="suffix", num_speculative_tokens=4, num_suffix_tokens=16)
+    spec = SpeculationController(config, suffix=SuffixProposer(max_drafts=16))
+    assert [spec.suffix_cap(b) for b in (1, 2, 3, 4, 8, 64)] == [16, 8, 5, 4, 4, 4]
+    small = SpeculationController(SpeculativeConfig(method="suffix", num_speculative_tokens=8, num_suffix_tokens=2),
+                                  suffix=SuffixProposer(max_drafts=2))
+    assert [small.suffix_cap(b) for b in (1, 8)] == [2, 2]
+    # Proposals follow it: a repeating context, 8 requests, each drafts at most 4.
+    spec = SpeculationController(SpeculativeConfig(method="suffix", num_suffix_tokens=16, adaptive=False),
+                                 suffix=SuffixProposer(max_drafts=16))
+    proposals = spec.propose([request(str(i), REPEATING, k=16) for i in range(8)], batch_size=8)
+    assert all(len(p.token_ids) == 4 for p in proposals.values())
+    proposals = spec.propose([request("alone", REPEATING, k=16)], batch_size=1)
+    assert len(proposals["alone"].token_ids) == 16
+
+
+def test_caps_are_checked() -> None:
+    with pytest.raises(ValueError, match="num_suffix_tokens"):
+        SpeculativeConfig(method="suffix", num_suffix_tokens=0)
+    with pytest.raises(ValueError, match="num_suffix_tokens"):
+        SpeculativeConfig(method="suffix", num_suffix_tokens=33)
