@@ -59,7 +59,16 @@ def test_options_and_environment_keys() -> None:
     assert config.served_model_names == ("x",)
 
 
+def test_speculation_caps() -> None:
+    def caps(*argv: str) -> tuple[int, int]:
+        spec = config_from_args(build_parser().parse_args(["serve", *argv]), environ={}).engine.speculative
+        return spec.num_speculative_tokens, spec.num_suffix_tokens
+    assert caps() == (4, 16)
+    assert caps("--num-speculative-tokens", "3", "--num-suffix-tokens", "24") == (3, 24)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "--num-suffix-tokens", "0"], "num_suffix_tokens"),
     (["serve", "--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
     (["serve", "--draft", "/some/draft"], "/some/draft"),
     (["serve", "--speculative", "none", "--draft", "drafts/smollm2-135m-eagle"], "draft"),
