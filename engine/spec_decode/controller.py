@@ -16,8 +16,10 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   accepted), and p = (accepted + PRIOR_TRIALS * pooled) / (trials + PRIOR_TRIALS) is the chance
   that one more draft survives (pooled: the same counts over all requests; the request's own
   evidence moves it, a short run of rejections does not switch it off), and the j-th draft
-  gains p^j. Suffix drafts also carry their vote's own confidence; the gain is the smaller of
-  the two.
+  of a draft model gains p^j. Suffix drafts are counted as a first draft and its continuation
+  apart (rates(): a repeated stretch goes on or ends at once), so the j-th gains
+  first * continued^(j-1); they also carry their vote's own confidence, and the gain is the
+  smaller of the two.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
   the draft model runs to the depth that makes the most tokens per second (or not at all), and
   what the others' drafts add to a request's step must be paid by its standing gain (they delay
@@ -45,8 +47,8 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
 
 Caps: a draft model drafts at most num_speculative_tokens per request per step, suffix matching
 at most num_suffix_tokens (longer: its drafts cost no model compute, and where text repeats a
-match runs long; on the agent workload at one stream, bf16, suffix drafting made 2.53x with a cap
-of 4, 3.30x with 8 and 3.69x with 16, docs/speculative.md), a cap that shrinks in a batch
+match runs long; on the agent workload at one stream, bf16, suffix drafting made 2.76x with a cap
+of 4, 3.10x with 8 and 3.64x with 16, docs/speculative.md), a cap that shrinks in a batch
 (suffix_cap).
 
 adaptive=False: every proposer drafts up to its cap, always.
@@ -123,7 +125,8 @@ class TokensPerStep:
 class Acceptance:
     """Decaying counts of accepted drafts and of trials; p = accepted / trials. The first draft
     of each verification is also counted apart (first_accepted / first_trials), so that the rate
-    of the drafts after it, given the one before was accepted, is known too (continued_p)."""
+    of the drafts after it, given the one before was accepted, is known too (continued_accepted /
+    continued_trials)."""
 
     accepted: float
     trials: float
@@ -206,9 +209,9 @@ class SpeculationController:
         num_suffix_tokens). In a batch, one request's long drafts are paid by every request of the
         step (they wait for their verification), and the fairness gate only keeps a request from
         getting slower than without speculation, not from losing its own drafts' gains to the
-        others': at 8 streams (bf16, this machine) code and agent turns made 1.02-1.07x and
-        1.21-1.23x with suffix drafts up to 16 against 1.11-1.16x and 1.35-1.37x with 4, while
-        alone 16 made 3.69x on agent turns against 2.53x."""
+        others': at 8 streams (bf16, two scratch rounds) code and agent turns made 1.02-1.07x and
+        1.21-1.23x with suffix drafts up to 16 against 1.11-1.13x and 1.35-1.37x with 4, while
+        alone 16 made 3.64x on agent turns against 2.76x (docs/speculative.md, "Two caps")."""
         suffix_tokens = self.suffix_tokens
         floor = min(suffix_tokens, self.config.num_speculative_tokens)
         return max(floor, suffix_tokens // max(1, batch_size))
@@ -251,14 +254,16 @@ class SpeculationController:
         prior = self._pooled[method].p
         return min(MAX_ACCEPTANCE, (own.accepted + PRIOR_TRIALS * prior) / (own.trials + PRIOR_TRIALS))
 
-    def suffix_rates(self, req_id: str) -> tuple[float, float]:
-        """(first, continued): the chance a suffix draft's first token is accepted, and that each
-        later one is, given the one before it was; each the request's own counts shrunk toward the
-        pooled rate by PRIOR_TRIALS. A suffix draft is right or wrong as a whole more than token
+    def rates(self, req_id: str, method: str) -> tuple[float, float]:
+        """(first, continued) for a proposer's drafts to the request: the chance the first is
+        accepted, and that each later one is, given the one before it was; each the request's own
+        counts shrunk toward the pooled rate by PRIOR_TRIALS. The plan uses them for suffix
+        drafts (the draft model's fall with depth about geometrically: it keeps p^j, and these
+        rates for it measured no better, docs/speculative.md). A suffix draft is right or wrong as a whole more than token
         by token (the repeated stretch goes on, or the text went elsewhere at once), which one
         rate p^j gets wrong both ways: at 8 code streams with drafts up to 16 it expected 0.53 at
         the 6th-13th drafts, where 0.31-0.41 came (bf16), and drafting them lost to drafting 4."""
-        own, pooled = self._estimate(req_id, "suffix"), self._pooled["suffix"]
+        own, pooled = self._estimate(req_id, method), self._pooled[method]
         first = _shrunk(own.first_accepted, own.first_trials, _rate(pooled.first_accepted, pooled.first_trials))
         continued = _shrunk(own.continued_accepted, own.continued_trials,
                             _rate(pooled.continued_accepted, pooled.continued_trials))
@@ -402,7 +407,7 @@ class SpeculationController:
             verify = self.cost.token_seconds(contexts[request.req_id])
             per_request: list[Candidate] = []
             if request.req_id in suffix:
-                first, continued = self.suffix_rates(request.req_id)
+                first, continued = self.rates(request.req_id, "suffix")
                 confidence = suffix[request.req_id].confidence[: request.num_drafts]
                 gains = [min(c, first * continued ** j) for j, c in enumerate(confidence)]
                 per_request.append(Candidate(request.req_id, gains, verify, "suffix"))

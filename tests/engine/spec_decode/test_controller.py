@@ -72,6 +72,29 @@ def test_acceptance_counts_only_tried_drafts() -> None:
     assert (estimate.accepted, estimate.trials) == (5, 5.5)
 
 
+def test_acceptance_counts_first_drafts_apart() -> None:
+    estimate = Acceptance(0.0, 0.0)
+    estimate.update(4, 2, decay=1.0)  # the first accepted; of the later ones the 2nd accepted, the 3rd not
+    assert (estimate.first_accepted, estimate.first_trials) == (1, 1)
+    assert (estimate.continued_accepted, estimate.continued_trials) == (1, 2)
+    estimate.update(4, 0, decay=0.5)  # the first rejected: no later one was tried
+    assert (estimate.first_accepted, estimate.first_trials) == (0.5, 1.5)
+    assert (estimate.continued_accepted, estimate.continued_trials) == (0.5, 1.0)
+
+
+def test_all_or_nothing_suffix_drafts_gain_their_first_rate_at_every_depth() -> None:
+    """Drafts accepted whole or rejected at once, half the time each: one rate would say p = 0.8
+    (8 accepted of 10 tried per pair), gains 0.8, 0.64, 0.51, 0.41; the first is in fact taken
+    half the time and, once it is, every later one is."""
+    spec, _ = controller("suffix")
+    for i in range(60):
+        spec.propose([request("a", REPEATING)], batch_size=1)
+        spec.record("a", 4, 4 if i % 2 else 0)
+    first, continued = spec.rates("a", "suffix")
+    assert first == pytest.approx(0.5, abs=0.1) and continued > 0.95
+    assert spec.acceptance("a", "suffix") == pytest.approx(0.8, abs=0.1)
+
+
 def test_a_new_request_starts_from_the_pooled_estimate() -> None:
     spec, _ = controller("draft")
     assert spec.acceptance("a", "draft") == 0.5
