@@ -22,6 +22,19 @@ def test_continues_the_longest_earlier_match() -> None:
     assert proposal.token_ids == [1, 2, 3, 5]
 
 
+def test_a_draft_is_at_most_twice_as_long_as_its_match() -> None:
+    """SuffixDecoding's bound: a 2-token match drafts at most 4 tokens, a longer one more."""
+    prompt = [1, 2, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 0]
+    proposal = _propose(SuffixProposer(), "a", prompt, [7, 1, 2], k=16)  # "1 2" seen once: a 2-token match
+    assert proposal.token_ids == [30, 31, 32, 33]
+    unbounded = _propose(SuffixProposer(spec_factor=0.0), "a", prompt, [7, 1, 2], k=16)
+    assert unbounded.token_ids == [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 0, 7, 1, 2]
+    # A 3-token match ("1 2 3"; "9 1 2 3" never occurred): up to 6.
+    prompt = [1, 2, 3, *range(40, 60)]
+    proposal = _propose(SuffixProposer(), "b", prompt, [9, 1, 2, 3], k=16)
+    assert proposal.token_ids == [40, 41, 42, 43, 44, 45]
+
+
 def test_majority_vote_and_uncertainty_stop() -> None:
     proposer = SuffixProposer(max_ngram=2, min_ngram=2, min_vote_share=0.6)
     # "1 2" was followed by 3 4 twice and by 3 9 once: 3 is certain, 4 wins 2 of 3 votes.
