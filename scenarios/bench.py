@@ -338,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                                systems={spec.name: describe(spec, args.threads) for spec in specs},
                                levels=levels, out=str(out))
         results.save(out / "results.json")
-    section = render(results, REPO_ROOT / "docs")
+    # The plots go with the section: into docs/ only when it is rewritten, else into the run's
+    # folder (a run without --write-docs used to redraw docs/img over the published plots).
+    section = render(results, REPO_ROOT / "docs" if args.write_docs else Path(args.report_only or results.out))
     print(section)
     if args.write_docs:
         write_docs_section(section, REPO_ROOT / "docs" / "benchmarks.md")
