@@ -125,8 +125,7 @@ class TokensPerStep:
 class Acceptance:
     """Decaying counts of accepted drafts and of trials; p = accepted / trials. The first draft
     of each verification is also counted apart (first_accepted / first_trials), so that the rate
-    of the drafts after it, given the one before was accepted, is known too (continued_accepted /
-    continued_trials)."""
+    of the drafts after it, given the one before was accepted, is known too (first_p, continued_p)."""
 
     accepted: float
     trials: float
@@ -135,7 +134,15 @@ class Acceptance:
 
     @property
     def p(self) -> float:
-        return min(MAX_ACCEPTANCE, self.accepted / self.trials) if self.trials > 0 else 0.5
+        return _rate(self.accepted, self.trials)
+
+    @property
+    def first_p(self) -> float:
+        return _rate(self.first_accepted, self.first_trials)
+
+    @property
+    def continued_p(self) -> float:
+        return _rate(self.continued_accepted, self.continued_trials)
 
     @property
     def continued_accepted(self) -> float:
@@ -251,23 +258,21 @@ class SpeculationController:
     def acceptance(self, req_id: str, method: str) -> float:
         """The request's own decaying counts, shrunk toward the pooled estimate by PRIOR_TRIALS."""
         own = self._estimate(req_id, method)
-        prior = self._pooled[method].p
-        return min(MAX_ACCEPTANCE, (own.accepted + PRIOR_TRIALS * prior) / (own.trials + PRIOR_TRIALS))
+        return _shrunk(own.accepted, own.trials, self._pooled[method].p)
 
     def rates(self, req_id: str, method: str) -> tuple[float, float]:
         """(first, continued) for a proposer's drafts to the request: the chance the first is
         accepted, and that each later one is, given the one before it was; each the request's own
         counts shrunk toward the pooled rate by PRIOR_TRIALS. The plan uses them for suffix
         drafts (the draft model's fall with depth about geometrically: it keeps p^j, and these
-        rates for it measured no better, docs/speculative.md). A suffix draft is right or wrong as a whole more than token
-        by token (the repeated stretch goes on, or the text went elsewhere at once), which one
-        rate p^j gets wrong both ways: at 8 code streams with drafts up to 16 it expected 0.53 at
-        the 6th-13th drafts, where 0.31-0.41 came (bf16), and drafting them lost to drafting 4."""
+        rates for it measured no better, docs/speculative.md). A suffix draft is right or wrong
+        as a whole more than token by token (the repeated stretch goes on, or the text went
+        elsewhere at once), which one rate p^j gets wrong both ways: at 8 code streams with
+        drafts up to 16 it expected 0.53 at the 6th-13th drafts, where 0.31-0.41 came (bf16), and
+        drafting them lost to drafting 4."""
         own, pooled = self._estimate(req_id, method), self._pooled[method]
-        first = _shrunk(own.first_accepted, own.first_trials, _rate(pooled.first_accepted, pooled.first_trials))
-        continued = _shrunk(own.continued_accepted, own.continued_trials,
-                            _rate(pooled.continued_accepted, pooled.continued_trials))
-        return first, continued
+        return (_shrunk(own.first_accepted, own.first_trials, pooled.first_p),
+                _shrunk(own.continued_accepted, own.continued_trials, pooled.continued_p))
 
     def _estimate(self, req_id: str, method: str) -> Acceptance:
         estimate = self._acceptance.get((req_id, method))
@@ -488,6 +493,7 @@ class SpeculationController:
 
 
 def _rate(accepted: float, trials: float) -> float:
+    """accepted / trials, capped; 0.5 before any trial."""
     return min(MAX_ACCEPTANCE, accepted / trials) if trials > 0 else 0.5
 
 

@@ -125,9 +125,10 @@ class RecentOutputsIndex:
 # A draft is at most this many times as long as the suffix it continues (SuffixDecoding's
 # max_spec_factor): a 2-token match is weak evidence for 16 tokens to come, an 8-token one is not.
 # Side by side (a throwaway A/B script, engines' steps interleaved as in the speculative
-# benchmark; bf16, 2 CPU threads; against drafting up to the cap whatever the match): suffix at one stream code 1.64x against 1.60x, agent turns 3.55x against 3.47x; at two
-# streams code 1.17x against 1.14x, agent 2.26x against 2.21x; hybrid at one stream code 1.88x
-# against 1.72x. A factor of 1 cut too much (agent 3.13x).
+# benchmark; bf16, 2 CPU threads; against drafting up to the cap whatever the match): suffix at
+# one stream code 1.64x against 1.60x, agent turns 3.55x against 3.47x; at two streams code 1.17x
+# against 1.14x, agent 2.26x against 2.21x; hybrid at one stream code 1.88x against 1.72x (a
+# second run: 1.97x both). A factor of 1 cut too much (agent 3.13x).
 SPEC_FACTOR = 2.0
 
 
