@@ -50,6 +50,30 @@ CHAT_TOPICS: tuple[str, ...] = (
     "negotiation", "leadership", "customer service", "starting a small business", "marketing", "economics",
     "globalization", "banks", "urban planning", "architecture", "bridges", "skyscrapers", "first aid",
     "fire safety", "camping", "board games", "magic tricks", "astronomy", "the northern lights", "comets",
+    # Added 2026-12-02 for the fourth training round (chat is still the weakest kind).
+    "thunderstorms", "tornadoes", "fossils", "crystals", "rivers", "lakes", "islands", "caves", "forests",
+    "wetlands", "soil", "composting", "beekeeping", "farming", "irrigation", "fishing", "sailing",
+    "kayaking", "rock climbing", "skiing", "cycling for commuters", "walking every day", "stretching",
+    "posture", "hydration", "vitamins", "sunscreen", "dental care", "hearing", "memory", "dreams",
+    "emotions", "empathy", "curiosity", "creativity", "motivation", "gratitude", "patience", "kindness",
+    "mentoring", "volunteering", "public libraries", "town councils", "elections", "courts", "juries",
+    "constitutions", "the Magna Carta", "the printing of money", "the gold standard", "stock options",
+    "retirement savings", "mortgages", "index funds", "freelancing", "remote work", "job promotions",
+    "office meetings", "project management", "giving feedback", "conflict resolution", "apologizing",
+    "small talk", "wedding planning", "birthday parties", "gift giving", "traveling on a budget",
+    "learning to cook", "knife skills", "fermentation", "pasta", "rice", "soup", "baking cookies",
+    "street food", "the Mediterranean diet", "olive oil", "potatoes", "tomatoes", "mushrooms", "apples",
+    "the printing of books", "typewriters", "fountain pens", "calligraphy", "sculpture", "pottery",
+    "ballet", "hip hop", "the guitar", "drums", "orchestras", "choirs", "film scores", "animation",
+    "comic books", "science fiction", "mystery novels", "fairy tales", "mythology", "ancient Rome's roads",
+    "the Byzantine Empire", "the Ottoman Empire", "the Mongol Empire", "the Incas", "the Maya",
+    "the age of exploration", "the steam engine", "the telegraph", "the telephone", "the light bulb",
+    "vaccination campaigns", "sanitation", "clean water", "hospitals", "nursing", "pharmacies",
+    "the scientific method", "peer review", "experiments", "hypotheses", "graphs", "averages",
+    "percentages", "ratios", "negative numbers", "infinity", "algebra", "trigonometry", "matrices",
+    "sorting algorithms", "recursion", "version control", "unit testing", "code review", "web APIs",
+    "spreadsheet formulas", "keyboard shortcuts", "backups", "phishing", "two-factor authentication",
+    "Wi-Fi", "GPS", "electric grids", "dams", "tunnels", "highways", "ports", "container ships",
 )
 CHAT_FORMS: tuple[str, ...] = (
     "Explain {t} in simple terms.",
@@ -68,6 +92,13 @@ CHAT_FORMS: tuple[str, ...] = (
     "What are the pros and cons of {t}?",
     "Describe {t} in one paragraph.",
     "Write a short story that involves {t}.",
+    # Added 2026-12-02 for the fourth training round: requests shaped like advice and planning.
+    "I am curious about {t}. Where should I start?",
+    "Give me some practical advice about {t}.",
+    "Write a short friendly email to a colleague about {t}.",
+    "What questions would a student ask about {t}, and what are the answers?",
+    "Suggest three small projects that involve {t}.",
+    "Explain {t} to someone who has never heard of it, in a few sentences.",
 )
 
 CODE_TASKS: tuple[str, ...] = (
