@@ -118,6 +118,7 @@ class DeviceConfig:
 
 
 SPECULATIVE_METHODS = ("none", "draft", "suffix", "hybrid")
+DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,10 @@ class SpeculativeConfig:
     "hybrid"). Its own cap, longer: suffix drafts cost no model compute, and where text repeats
     (tool calls, JSON, quoted code) a match runs long; a draft model pays for every position.
     adaptive: draft fewer tokens when a request's acceptance is low or the batch is large.
+    draft_dtype: the draft's weights, activations and KV: "auto" (the target's dtype, except
+    under a float32 target where `dtype="auto"` would take bfloat16: there the draft runs in
+    bfloat16) or a dtype. Drafts only propose and the target verifies every token, so the
+    draft's precision changes how many tokens are accepted, never the output.
     """
 
     method: str = "none"
@@ -141,8 +146,11 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     num_suffix_tokens: int = 16
     adaptive: bool = True
+    draft_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        _require(self.draft_dtype in DRAFT_DTYPES, "draft_dtype",
+                 f"must be one of {DRAFT_DTYPES}, got {self.draft_dtype!r}")
         _require(self.method in SPECULATIVE_METHODS, "speculative",
                  f"must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
         _require(1 <= self.num_speculative_tokens <= 16, "num_speculative_tokens",
@@ -218,6 +226,7 @@ def build_engine_config(
     num_speculative_tokens: int = 4,
     num_suffix_tokens: int = 16,
     adaptive_speculation: bool = True,
+    draft_dtype: str = "auto",
 ) -> EngineConfig:
     """One place that turns keyword options (offline API and CLI alike) into EngineConfig."""
     if isinstance(kv_cache_memory, str):
@@ -245,5 +254,6 @@ def build_engine_config(
         device=DeviceConfig(device=device, num_threads=num_threads),
         speculative=SpeculativeConfig(method=speculative, draft_model=draft,
                                       num_speculative_tokens=num_speculative_tokens,
-                                      num_suffix_tokens=num_suffix_tokens, adaptive=adaptive_speculation),
+                                      num_suffix_tokens=num_suffix_tokens, adaptive=adaptive_speculation,
+                                      draft_dtype=draft_dtype),
     )

@@ -21,7 +21,7 @@ from types import FrameType
 import uvicorn
 
 from engine.config import parse_bytes
-from engine.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, SPECULATIVE_METHODS, build_engine_config
+from engine.config import DRAFT_DTYPES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, SPECULATIVE_METHODS, build_engine_config
 from engine.model.resolve import resolve_model, shipped_draft_path
 from gateway.app import create_app
 from gateway.canonical.policy import POLICY_HEADER, POLICY_NAMES
@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--draft", default=None,
                        help="draft model (a GGUF file or a draft folder) for --speculative draft|hybrid "
                             "(default: the draft shipped for the embedded model)")
+    model.add_argument("--draft-dtype", default="auto", choices=list(DRAFT_DTYPES),
+                       help="the draft's dtype (auto: the target's, but bfloat16 under a float32 target where "
+                            "--dtype auto would take bfloat16; drafts only propose, so it moves speed, never "
+                            "the output)")
     model.add_argument("--num-speculative-tokens", type=int, default=4,
                        help="most tokens the draft model drafts per request per step (1-16)")
     model.add_argument("--num-suffix-tokens", type=int, default=16,
@@ -140,6 +144,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         speculative=default_speculation(args.model, args.draft) if args.speculative == "auto" else args.speculative,
         draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
         num_suffix_tokens=args.num_suffix_tokens, adaptive_speculation=not args.no_adaptive_speculation,
+        draft_dtype=args.draft_dtype,
     )
     return GatewayConfig(
         engine=engine, host=args.host, port=args.port,

@@ -127,8 +127,12 @@ def _groups(prompts: list[list[int]], streams: int) -> list[list[list[int]]]:
 
 def _load(method: str, args: argparse.Namespace) -> LLM:
     """method: a speculative method, or METHOD/CAP with its own cap (the draft model's for
-    draft, the suffix's for suffix and hybrid; see --methods)."""
-    options = {"num_speculative_tokens": args.num_speculative_tokens, "num_suffix_tokens": args.num_suffix_tokens}
+    draft, the suffix's for suffix and hybrid), and @DTYPE its own draft dtype (see --methods)."""
+    options = {"num_speculative_tokens": args.num_speculative_tokens, "num_suffix_tokens": args.num_suffix_tokens,
+               "draft_dtype": args.draft_dtype}
+    method, _, draft_dtype = method.partition("@")
+    if draft_dtype:
+        options["draft_dtype"] = draft_dtype
     method, _, cap = method.partition("/")
     if cap:
         options["num_speculative_tokens" if method == "draft" else "num_suffix_tokens"] = int(cap)
@@ -210,7 +214,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default="none,draft,suffix,hybrid",
                         help="comma-separated; METHOD/N gives a method its own cap, side by side with the "
                              "others (draft/N: the draft model's; suffix/N, hybrid/N: the suffix's), e.g. "
-                             "none,suffix/4,suffix")
+                             "none,suffix/4,suffix; METHOD@DTYPE its own draft dtype, e.g. hybrid@float32,hybrid")
+    parser.add_argument("--draft-dtype", default="auto",
+                        help="the draft's dtype (auto: the target's, bfloat16 under a float32 target where "
+                             "dtype auto takes bfloat16)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--num-speculative-tokens", type=int, default=4, help="the draft model's cap")
     parser.add_argument("--num-suffix-tokens", type=int, default=16, help="suffix matching's cap")
@@ -251,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     del throwaway
     reference_llm = engines["none"]
     dtype = str(reference_llm.engine.runner.dtype).removeprefix("torch.")
+    draft_dtypes = sorted({str(llm.engine.runner.draft_dtype).removeprefix("torch.")
+                           for llm in engines.values() if llm.engine.runner.draft is not None})
     prompts_by_workload = workloads(reference_llm)
     samples: dict[tuple[str, str, int], list[dict]] = {}
     rotation = 0
@@ -314,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
               f"with their range; wall-clock speedup: the median of none's seconds over the method's for the "
               f"same requests (acceptance over all rounds); '{CONTROL}': a second engine without speculation, "
               f"measured like the methods (its speedup is the run's noise floor); "
-              f"draft: {args.draft or 'the shipped draft'}. In "
+              f"draft: {args.draft or 'the shipped draft'}, in {' / '.join(draft_dtypes) or '-'}. In "
               f"float32 every method's outputs must equal 'none' (the run stops otherwise); in bf16 the last "
               f"column counts them (see the note below the table).")
     print(header + "\n\n" + table)

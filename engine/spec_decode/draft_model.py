@@ -112,6 +112,9 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
                 raise ValueError(f"draft {path!r} shares the output head of the target, whose head is quantized "
                                  f"here: serve the target unquantized, or use a draft with its own head")
             provided["lm_head.weight"] = head
+        # A draft in another dtype than its target's (bf16 under a float32 target) keeps a
+        # converted copy; in the same dtype it shares the storage.
+        provided = {name: tensor.to(dtype) for name, tensor in provided.items()}
     model, arch = load_hf_model(resolved.path, dtype, device, progress=False, provided=provided)
     _check_vocab(arch, target_arch, path)
     head_weight = vocab_ids = None

@@ -83,6 +83,7 @@ class EagleProposer:
         self.draft = draft
         self.block_size = block_size
         self.device = device
+        self.dtype = dtype  # the head's: the target's states are converted as they are buffered
         self.kv_spec = KVCacheSpec(1, draft.arch.num_key_value_heads, draft.arch.head_dim, block_size, dtype)
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, device)
         self._buffered: dict[str, _Buffered] = {}
@@ -138,7 +139,8 @@ class EagleProposer:
                 # Nothing buffered, or a gap (the request was preempted and recomputes): the
                 # request's positions before `start` are as the last pass left them.
                 buffered = self._buffered[req_id] = _Buffered(start, blocks)
-            buffered.states.append(hidden[first: first + count].clone())  # the step's tensor is not ours
+            # A copy (the step's tensor is not ours), in the head's dtype.
+            buffered.states.append(hidden[first: first + count].to(self.dtype, copy=True))
             buffered.token_ids.append(_tokens(prompt, output, start + 1, start + 1 + count))
             buffered.count += count
             self._newest.pop(req_id, None)  # stale: newer positions wait in the buffer

@@ -67,6 +67,13 @@ def test_speculation_caps() -> None:
     assert caps("--num-speculative-tokens", "3", "--num-suffix-tokens", "24") == (3, 24)
 
 
+def test_draft_dtype_option() -> None:
+    def draft_dtype(*argv: str) -> str:
+        return config_from_args(build_parser().parse_args(["serve", *argv]), environ={}).engine.speculative.draft_dtype
+    assert draft_dtype() == "auto"
+    assert draft_dtype("--draft-dtype", "float32") == "float32"
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["serve", "--num-suffix-tokens", "0"], "num_suffix_tokens"),
     (["serve", "--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),

@@ -5,9 +5,12 @@ token-identical to plain decoding, across batching, chunked prefill, prefix hits
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
+from engine.config import ModelConfig, SpeculativeConfig
 from engine.model.resolve import SHIPPED_DRAFT_DIR, embedded_gguf_path
+from engine.worker.model_runner import resolve_draft_dtype, resolve_dtype
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -32,16 +35,23 @@ def reference() -> list[list[int]]:
 
 # Hybrid runs both proposers, so it gets every schedule; the single proposers one each.
 # "eagle": the draft method with an EAGLE head (engine/spec_decode/eagle.py) as its draft.
-CASES = [("hybrid", "batched"), ("hybrid", "chunked"), ("hybrid", "preempted"), ("suffix", "preempted"),
-         ("draft", "chunked"), ("eagle", "batched"), ("eagle", "chunked"), ("eagle", "preempted")]
+# The draft's dtype is pinned (its "auto" depends on the CPU): float32 throughout, and a bf16
+# draft under the float32 target (what "auto" takes on CPUs with native bf16) for both kinds.
+CASES = [("hybrid", "batched", "float32"), ("hybrid", "chunked", "float32"), ("hybrid", "preempted", "float32"),
+         ("suffix", "preempted", "float32"), ("draft", "chunked", "float32"), ("eagle", "batched", "float32"),
+         ("eagle", "chunked", "float32"), ("eagle", "preempted", "float32"), ("draft", "preempted", "bfloat16"),
+         ("eagle", "chunked", "bfloat16")]
 
 
-@pytest.mark.parametrize(("method", "schedule"), CASES)
-def test_greedy_identical_to_plain_decoding(method: str, schedule: str, reference: list[list[int]],
+@pytest.mark.parametrize(("method", "schedule", "draft_dtype"), CASES)
+def test_greedy_identical_to_plain_decoding(method: str, schedule: str, draft_dtype: str, reference: list[list[int]],
                                            small_draft: str, eagle_head: str) -> None:
     draft = {"suffix": None, "eagle": eagle_head}.get(method, small_draft)
     method = "draft" if method == "eagle" else method
-    llm = LLM(dtype="float32", speculative=method, draft=draft, num_speculative_tokens=4, **SCHEDULES[schedule])
+    llm = LLM(dtype="float32", speculative=method, draft=draft, num_speculative_tokens=4, draft_dtype=draft_dtype,
+              **SCHEDULES[schedule])
+    if draft is not None:
+        assert llm.engine.runner.draft_dtype == getattr(torch, draft_dtype)
     first = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in first] == reference
     # Again: now with prefix-cache hits (and, for suffix, last run's outputs in its index).
@@ -55,9 +65,22 @@ def test_greedy_identical_to_plain_decoding(method: str, schedule: str, referenc
     assert stats.kv_cache_usage == 0.0 and stats.num_running == 0
 
 
+def test_draft_dtype_resolution() -> None:
+    """auto: the target's dtype, but under a float32 target whatever dtype="auto" takes on this
+    machine (bf16 on CPUs with native bf16); an explicit dtype is taken as asked."""
+    cpu = torch.device("cpu")
+    machine = resolve_dtype(ModelConfig(dtype="auto"), cpu)
+    assert resolve_draft_dtype(SpeculativeConfig(method="draft"), torch.float32, cpu) == machine
+    assert resolve_draft_dtype(SpeculativeConfig(method="draft"), torch.bfloat16, cpu) == torch.bfloat16
+    assert resolve_draft_dtype(SpeculativeConfig(method="draft", draft_dtype="float32"), torch.bfloat16,
+                               cpu) == torch.float32
+    with pytest.raises(ValueError, match="draft_dtype"):
+        SpeculativeConfig(method="draft", draft_dtype="int8")
+
+
 def test_identical_draft_is_accepted() -> None:
     llm = LLM(dtype="float32", speculative="draft", draft=embedded_gguf_path(), num_speculative_tokens=4,
-              adaptive_speculation=False, kv_cache_memory="64MiB")
+              adaptive_speculation=False, kv_cache_memory="64MiB", draft_dtype="float32")
     llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False)
     stats = llm.stats()
     assert stats.spec_num_draft_tokens > 50
