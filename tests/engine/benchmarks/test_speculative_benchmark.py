@@ -42,16 +42,19 @@ def test_interleaved_round_matches_generate() -> None:
 
 def test_a_method_can_carry_its_own_cap() -> None:
     """METHOD/N in --methods: the draft model's cap for draft, the suffix's for suffix and hybrid;
-    the others keep the command's caps."""
+    the others keep the command's caps. METHOD@DTYPE: the method's own draft dtype."""
     import argparse
 
     from engine.benchmarks.speculative import _load
 
     args = argparse.Namespace(num_speculative_tokens=4, num_suffix_tokens=16, draft=None, dtype="float32",
-                              kv_cache_memory="64MiB")
+                              kv_cache_memory="64MiB", draft_dtype="auto")
     capped = _load("suffix/5", args).config.speculative
     assert (capped.method, capped.num_speculative_tokens, capped.num_suffix_tokens) == ("suffix", 4, 5)
     plain = _load("suffix", args).config.speculative
     assert (plain.method, plain.num_speculative_tokens, plain.num_suffix_tokens) == ("suffix", 4, 16)
     draft = _load("draft/2", args).config.speculative
     assert (draft.method, draft.num_speculative_tokens, draft.num_suffix_tokens) == ("draft", 2, 16)
+    assert draft.draft_dtype == "auto"
+    pinned = _load("draft/2@bfloat16", args).config.speculative
+    assert (pinned.method, pinned.num_speculative_tokens, pinned.draft_dtype) == ("draft", 2, "bfloat16")
