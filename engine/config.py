@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-_DTYPES = ("float32", "bfloat16", "float16", "auto")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # model and draft dtypes
 QUANTIZATION_METHODS = ("int8", "int4", "fp8", "gptq", "awq")
 KV_CACHE_DTYPES = ("auto", "fp8")
 
@@ -38,7 +38,7 @@ class ModelConfig:
     quantization: str | None = None
 
     def __post_init__(self) -> None:
-        _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
+        _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         _require(self.quantization is None or self.quantization in QUANTIZATION_METHODS, "quantization",
                  f"must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}")
         _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
@@ -118,7 +118,6 @@ class DeviceConfig:
 
 
 SPECULATIVE_METHODS = ("none", "draft", "suffix", "hybrid")
-DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -149,8 +148,8 @@ class SpeculativeConfig:
     draft_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        _require(self.draft_dtype in DRAFT_DTYPES, "draft_dtype",
-                 f"must be one of {DRAFT_DTYPES}, got {self.draft_dtype!r}")
+        _require(self.draft_dtype in DTYPES, "draft_dtype",
+                 f"must be one of {DTYPES}, got {self.draft_dtype!r}")
         _require(self.method in SPECULATIVE_METHODS, "speculative",
                  f"must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
         _require(1 <= self.num_speculative_tokens <= 16, "num_speculative_tokens",

@@ -21,7 +21,7 @@ from types import FrameType
 import uvicorn
 
 from engine.config import parse_bytes
-from engine.config import DRAFT_DTYPES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, SPECULATIVE_METHODS, build_engine_config
+from engine.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, SPECULATIVE_METHODS, build_engine_config
 from engine.model.resolve import resolve_model, shipped_draft_path
 from gateway.app import create_app
 from gateway.canonical.policy import POLICY_HEADER, POLICY_NAMES
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--draft", default=None,
                        help="draft model (a GGUF file or a draft folder) for --speculative draft|hybrid "
                             "(default: the draft shipped for the embedded model)")
-    model.add_argument("--draft-dtype", default="auto", choices=list(DRAFT_DTYPES),
+    model.add_argument("--draft-dtype", default="auto", choices=list(DTYPES),
                        help="the draft's dtype (auto: the target's, but bfloat16 under a float32 target where "
                             "--dtype auto would take bfloat16; drafts only propose, so it moves speed, never "
                             "the output)")
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="name clients use in 'model' (repeatable; default: the model's own name)")
     model.add_argument("--accept-any-model", action="store_true",
                        help="serve requests whatever 'model' they name, instead of answering 404")
-    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    model.add_argument("--dtype", default="auto", choices=list(DTYPES),
                        help="weights and activations dtype (auto: bfloat16 on CUDA and on CPUs with native bf16, AMX or AVX512-BF16; else float32)")
     model.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                        help="weight-only quantization at load (int8 per channel, int4 group-wise, fp8), or name "

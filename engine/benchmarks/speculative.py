@@ -34,7 +34,7 @@ import time
 import torch
 
 from engine.benchmarks.docs_section import write_section
-from engine.config import DRAFT_DTYPES
+from engine.config import DTYPES
 from engine.llm import LLM
 from engine.model.resolve import EMBEDDED_MODEL_NAME
 from engine.protocol import AddRequest
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated; METHOD/N gives a method its own cap, side by side with the "
                              "others (draft/N: the draft model's; suffix/N, hybrid/N: the suffix's), e.g. "
                              "none,suffix/4,suffix; METHOD@DTYPE its own draft dtype, e.g. hybrid@float32,hybrid")
-    parser.add_argument("--draft-dtype", default="auto", choices=DRAFT_DTYPES,
+    parser.add_argument("--draft-dtype", default="auto", choices=DTYPES,
                         help="the draft's dtype (auto: the target's, bfloat16 under a float32 target where "
                              "dtype auto takes bfloat16)")
     parser.add_argument("--max-tokens", type=int, default=128)

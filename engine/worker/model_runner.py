@@ -55,15 +55,20 @@ def resolve_device(device_config: DeviceConfig) -> torch.device:
     return device
 
 
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """What dtype "auto" takes on this device: the faster of bf16 and fp32."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    # With native bf16 (AMX tiles, or AVX512-BF16 dot products) oneDNN's prepacked bf16
+    # matmuls beat fp32: AMX 3-6x at batch sizes 8-512; AVX512-BF16 without AMX (an AMD EPYC,
+    # 2 threads, the embedded model) 2.5x single-stream decode and 3.2-3.7x at 8 streams.
+    # Without either, fp32 is the faster choice.
+    return torch.bfloat16 if onednn_bf16_available() else torch.float32
+
+
 def resolve_dtype(model_config: ModelConfig, device: torch.device) -> torch.dtype:
     if model_config.dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16
-        # With native bf16 (AMX tiles, or AVX512-BF16 dot products) oneDNN's prepacked bf16
-        # matmuls beat fp32: AMX 3-6x at batch sizes 8-512; AVX512-BF16 without AMX (an AMD EPYC,
-        # 2 threads, the embedded model) 2.5x single-stream decode and 3.2-3.7x at 8 streams.
-        # Without either, fp32 is the faster choice.
-        return torch.bfloat16 if onednn_bf16_available() else torch.float32
+        return auto_dtype(device)
     return _DTYPES[model_config.dtype]
 
 
@@ -74,9 +79,7 @@ def resolve_draft_dtype(config: SpeculativeConfig, target_dtype: torch.dtype, de
     verifies every token)."""
     if config.draft_dtype != "auto":
         return _DTYPES[config.draft_dtype]
-    if target_dtype == torch.float32:
-        return resolve_dtype(ModelConfig(dtype="auto"), device)
-    return target_dtype
+    return auto_dtype(device) if target_dtype == torch.float32 else target_dtype
 
 
 class ModelRunner:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.config import ModelConfig, SpeculativeConfig
+from engine.config import SpeculativeConfig
 from engine.model.resolve import SHIPPED_DRAFT_DIR, embedded_gguf_path
-from engine.worker.model_runner import resolve_draft_dtype, resolve_dtype
+from engine.worker.model_runner import auto_dtype, resolve_draft_dtype
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -69,7 +69,7 @@ def test_draft_dtype_resolution() -> None:
     """auto: the target's dtype, but under a float32 target whatever dtype="auto" takes on this
     machine (bf16 on CPUs with native bf16); an explicit dtype is taken as asked."""
     cpu = torch.device("cpu")
-    machine = resolve_dtype(ModelConfig(dtype="auto"), cpu)
+    machine = auto_dtype(cpu)
     assert resolve_draft_dtype(SpeculativeConfig(method="draft"), torch.float32, cpu) == machine
     assert resolve_draft_dtype(SpeculativeConfig(method="draft"), torch.bfloat16, cpu) == torch.bfloat16
     assert resolve_draft_dtype(SpeculativeConfig(method="draft", draft_dtype="float32"), torch.bfloat16,
