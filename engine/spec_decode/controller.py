@@ -41,6 +41,11 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   while that rate pays for its two rows at break-even (a pooled rank that stopped paying is
   probed every PROBE_EVERY steps, by one request that drafts). What the paying ones net is added
   to the first draft's gain, so a draft run can pay through its alternatives.
+- Confidence (a draft model that knows it, supports_confidence: the EAGLE head): the plan says
+  which requests the draft model drafts for and how deep at least; the head then stops each
+  request's drafts where the chance that all of them are accepted (its own probability of each
+  token, calibrated online: calibration.py) falls below the break-even gain of one more token,
+  and a request alone drafts on up to its cap while that chance pays (_confidence_floors).
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
   when it drafts again (draft_model.py), so a switched-off draft costs little (an EAGLE head
   still keeps its KV current in batched passes: eagle.py).
@@ -60,6 +65,7 @@ import time
 from dataclasses import dataclass
 
 from engine.config import SpeculativeConfig
+from engine.spec_decode.calibration import ConfidenceCalibration
 from engine.spec_decode.cost_model import DraftCostModel, StepCostModel
 from engine.spec_decode.policy import Candidate, DraftRun, break_even_gain, gate_shut, plan_step
 from engine.spec_decode.proposer import Proposal, ProposalRequest
@@ -172,6 +178,7 @@ class SpeculationController:
         self._probe_interval: dict[str, int] = {}  # req_id -> its wait between probes, if not PROBE_EVERY
         self._probing: set[str] = set()  # requests whose pending drafts are a probe
         self._standing: dict[str, TokensPerStep] = {}  # req_id -> what its drafts gain it per step
+        self._token_probs: dict[str, list[float]] = {}  # req_id -> the draft model's probabilities of its pending drafts
         self.proposer_seconds = 0.0
         self._start_learning()
 
@@ -189,6 +196,16 @@ class SpeculationController:
         # PROBE_EVERY.
         self._planned_steps = 0
         self._pooled_standing = TokensPerStep()  # over all requests' steps
+        # The chance a draft model's token is accepted, given its own probability of it (pooled);
+        # a draft model that stops by confidence reads it (calibration.py).
+        self.calibration = ConfidenceCalibration()
+        if self._knows_confidence:
+            self.draft.calibration = self.calibration
+
+    @property
+    def _knows_confidence(self) -> bool:
+        """Whether the draft model stops its drafts by confidence (ProposalRequest.min_confidence)."""
+        return self.draft is not None and getattr(self.draft, "supports_confidence", False)
 
     @property
     def _names_alternatives(self) -> bool:
@@ -232,6 +249,7 @@ class SpeculationController:
     def record(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
         """Verification result of the drafts a request proposed last step."""
         method = self._method.get(req_id)
+        token_probs = self._token_probs.pop(req_id, None)
         if req_id in self._probing and num_drafted > 0:
             self._probing.discard(req_id)
             interval = self._probe_interval.get(req_id, PROBE_EVERY)
@@ -246,6 +264,8 @@ class SpeculationController:
             self._pooled_standing.tokens += num_accepted
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
         self._pooled[method].update(num_drafted, num_accepted, POOLED_DECAY)
+        if method == "draft" and token_probs:
+            self.calibration.update(token_probs[:num_drafted], num_accepted)
 
     def record_alternatives(self, alternatives: list[int], target_token: int) -> None:
         """The runners-up verified last step and the target's own token at their position."""
@@ -324,6 +344,7 @@ class SpeculationController:
         # Taken by the first request that drafts: two rows, on its own clock (the idle requests'
         # probe budget is for starting the draft model and verifying their tokens).
         probe_rank = self.config.adaptive and self._planned_steps % PROBE_EVERY == 0 and self._names_alternatives
+        rooms = {request.req_id: request.num_drafts for request in requests}
         for request in requests:
             which, count = chosen[request.req_id]
             request.num_drafts = count
@@ -342,13 +363,37 @@ class SpeculationController:
                 proposals[request.req_id] = Proposal(proposal.token_ids[:count], None,
                                                      sum(proposal.confidence[:count]), proposal.confidence[:count])
         if need_draft:
+            if self.config.adaptive and not unpriced and self._knows_confidence:
+                self._confidence_floors(need_draft, rooms, batch_size, step_seconds)
             draft_started = time.perf_counter()
             drafted = self.draft.propose(need_draft)
             lengths = [len(p.token_ids) for p in drafted.values()]
             self.draft_cost.observe(max(lengths, default=0), sum(lengths), time.perf_counter() - draft_started)
             proposals.update(drafted)
+            for request in need_draft:
+                proposal = drafted.get(request.req_id)
+                request.num_drafts = min(request.num_drafts, len(proposal.token_ids) if proposal else 0)
+                if proposal is not None and proposal.token_probs:
+                    self._token_probs[request.req_id] = proposal.token_probs
         self.proposer_seconds += time.perf_counter() - started
         return proposals
+
+    def _confidence_floors(self, drafting: list[ProposalRequest], rooms: dict[str, int], batch_size: int,
+                           step_seconds: float) -> None:
+        """For a draft model that stops by confidence: each drafting request's min_confidence,
+        the gain one more of its drafts must bring at break-even (verifying it, the draft model's
+        price per token, and a share of one more position's pass: the pass serves every request
+        still drafting, so each pays its share of it). Alone (batch_size 1), the plan's count is
+        only where the drafts start: the request may draft up to its cap while the head is sure
+        enough, since no other request waits for its tokens (in a batch they would, and the plan's
+        fairness gate has budgeted what they may wait; there the floor only trims).
+        (What it gained in the speculative benchmark: docs/speculative.md, "Confidence".)"""
+        depth_share = self.draft_cost.per_depth / len(drafting)
+        for request in drafting:
+            seconds = self.cost.token_seconds(_context_len(request)) + self.draft_cost.per_token + depth_share
+            request.min_confidence = break_even_gain(step_seconds, batch_size, seconds)
+            if batch_size == 1:
+                request.num_drafts = min(rooms[request.req_id], self.draft_tokens)
 
     def _plain_step_seconds(self, mean_context: float, batch_size: int) -> float:
         """Plain decoding's step: every running request one token, at its context (mean_context:
@@ -486,6 +531,7 @@ class SpeculationController:
         self._probe_interval.pop(req_id, None)
         self._probing.discard(req_id)
         self._method.pop(req_id, None)
+        self._token_probs.pop(req_id, None)
         if self.suffix is not None:
             self.suffix.finish(req_id, output_token_ids)
         if self.draft is not None:

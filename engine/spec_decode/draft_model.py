@@ -19,8 +19,11 @@ a request's positions up to p the draft forgets its records past p in that reque
 tokens the target accepts are thereby already valid; rejected ones stop the match.
 
 Drafts are greedy (argmax of the draft), so the rejection sampler treats them as one-hot
-proposals: exact for greedy targets and lossless for sampled ones. The draft only ever writes
-its own pool, so nothing it does can change the target's output.
+proposals: exact for greedy targets and lossless for sampled ones. Each draft carries the
+draft's probability of it, and a request's drafts stop where the calibrated chance that all
+survive falls below its min_confidence (engine/spec_decode/calibration.py; the first draft is
+always kept). The draft only ever writes its own pool, so nothing it does can change the
+target's output.
 
 A draft folder may borrow the target's embedding (config.json: "draftgate": {"shared_embedding":
 true}) and restrict its output to a reduced vocabulary (draft_vocab.safetensors: "draft_vocab_ids",
@@ -48,6 +51,7 @@ from engine.model.loader.hf_loader import load_hf_model
 from engine.model.quantization import prepare_draft_layers, prepare_for_inference
 from engine.config import SpeculativeConfig
 from engine.model.resolve import ResolvedModel, resolve_model, shipped_draft_path
+from engine.spec_decode.calibration import ConfidenceCalibration
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import small_rows_linear
@@ -156,6 +160,8 @@ def _check_vocab(arch: ArchConfig, target_arch: ArchConfig, path: str) -> None:
 
 
 class DraftModelProposer:
+    supports_confidence = True  # stops a request's drafts by ProposalRequest.min_confidence
+
     def __init__(self, draft: DraftModel, *, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.draft = draft
@@ -167,6 +173,9 @@ class DraftModelProposer:
         # [num_blocks * block_size] int64: the token whose draft KV each slot holds, -1: none.
         self._kv_tokens = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self.num_catch_up_tokens = 0  # context tokens run to catch up (tests and diagnostics)
+        # Set by the controller (the chance a draft is accepted, given its probability; None:
+        # the probability itself).
+        self.calibration: ConfidenceCalibration | None = None
 
     @staticmethod
     def kv_bytes_per_block(draft: DraftModel, block_size: int, dtype: torch.dtype) -> int:
@@ -218,18 +227,30 @@ class DraftModelProposer:
         seq_lens = [s + n for s, n in zip(starts, query_lens)]
         hidden = self._forward(input_ids, positions, active, query_lens, seq_lens)  # [sum(query_lens), hidden]
         last_rows = torch.tensor(np.cumsum(query_lens) - 1, device=self.device)
-        next_ids = self._greedy(hidden.index_select(0, last_rows)).tolist()
+        next_ids, next_probs = self._greedy(hidden.index_select(0, last_rows))
         for r, start, chunk in zip(active, starts, chunks):
             self._kv_tokens[self._slots(r.block_ids, start, start + len(chunk))] = chunk
         current = {}
-        for r, token in zip(active, next_ids):
+        # Confidence (as in eagle.py): the chance that all of a request's drafts survive; a
+        # request whose next draft would fall below its min_confidence stops (its first draft is
+        # always kept), and another position runs only while the draft expected there could pay.
+        calibration = self.calibration
+        next_chance = calibration.next_chance if calibration is not None else 1.0
+        token_probs: dict[str, list[float]] = {r.req_id: [] for r in active}
+        confidence: dict[str, list[float]] = {r.req_id: [] for r in active}
+        for r, token, prob in zip(active, next_ids, next_probs):
             drafts[r.req_id].append(token)
+            token_probs[r.req_id].append(prob)
+            confidence[r.req_id].append(calibration.acceptance(prob) if calibration is not None else prob)
             current[r.req_id] = token
             position[r.req_id] += 1
         # Then one token per step from the last draft, while a request wants more.
+        stopped: set[str] = set()
         step = 1
         while True:
-            active = [r for r in active if limit[r.req_id] > step]
+            next_chance = calibration.next_chance if calibration is not None else 1.0
+            active = [r for r in active if limit[r.req_id] > step and r.req_id not in stopped
+                      and confidence[r.req_id][-1] * next_chance >= r.min_confidence]
             if not active:
                 break
             ids = [r.req_id for r in active]
@@ -240,10 +261,20 @@ class DraftModelProposer:
             for r in active:
                 at = position[r.req_id]
                 self._kv_tokens[self._slots(r.block_ids, at, at + 1)] = current[r.req_id]
-            for req_id, token in zip(ids, self._greedy(hidden).tolist()):
-                drafts[req_id].append(token)
-                current[req_id] = token
-                position[req_id] += 1
+            tokens, probs = self._greedy(hidden)
+            for r, token, prob in zip(active, tokens, probs):
+                chance = calibration.acceptance(prob) if calibration is not None else prob
+                if calibration is not None:
+                    calibration.observe_next(chance)
+                survive = confidence[r.req_id][-1] * chance
+                position[r.req_id] += 1  # the KV of the draft fed back is written either way
+                if survive < r.min_confidence:
+                    stopped.add(r.req_id)
+                    continue
+                drafts[r.req_id].append(token)
+                token_probs[r.req_id].append(prob)
+                confidence[r.req_id].append(survive)
+                current[r.req_id] = token
             step += 1
         for r in requests:
             # Past the last position written (the last draft was never fed back), its records are
@@ -252,7 +283,9 @@ class DraftModelProposer:
             end = len(r.block_ids) * self.block_size
             if written + 1 < end:
                 self._kv_tokens[self._slots(r.block_ids, written + 1, end)] = -1
-        return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
+        return {req_id: Proposal(tokens, expected_accepted=sum(confidence.get(req_id, [])),
+                                 confidence=confidence.get(req_id, []), token_probs=token_probs.get(req_id, []))
+                for req_id, tokens in drafts.items()}
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, requests: list[ProposalRequest],
                  query_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
@@ -262,26 +295,38 @@ class DraftModelProposer:
                                        device=self.device)
         return self.draft.model(input_ids, positions, self.kv_caches, meta)
 
-    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n] target token ids
-        return greedy_draft_tokens(self.draft, hidden)
+    def _greedy(self, hidden: torch.Tensor) -> tuple[list[int], list[float]]:
+        """[n, hidden] -> (n target token ids, the draft's probability of each)."""
+        top, best_prob = top_draft_tokens_with_prob(self.draft, hidden, 1)
+        return top[:, 0].tolist(), best_prob.tolist()
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
         pass  # the KV lives in the shared block pool; nothing per request to drop
 
 
-def greedy_draft_tokens(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n] token ids
-    """The argmax of the draft's output head (its reduced vocabulary mapped back to target ids)."""
-    return top_draft_tokens(draft, hidden, 1)[:, 0]
-
-
 def top_draft_tokens(draft: DraftModel, hidden: torch.Tensor, k: int) -> torch.Tensor:
     """[n, hidden] -> [n, k] target token ids: the draft head's k most likely, best first."""
+    return _top(draft, _draft_logits(draft, hidden), k)
+
+
+def top_draft_tokens_with_prob(draft: DraftModel, hidden: torch.Tensor,
+                               k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, hidden] -> ([n, k] target token ids as top_draft_tokens, [n] float32: the draft's
+    softmax probability of its best one, over the vocabulary it drafts from)."""
+    logits = _draft_logits(draft, hidden).float()  # [n, draft vocab]
+    best_prob = torch.softmax(logits, dim=-1).amax(dim=-1)  # [n]
+    return _top(draft, logits, k), best_prob
+
+
+def _draft_logits(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, draft vocab]
     if draft.head_weight is None:
-        logits = draft.model.compute_logits(hidden)
-    elif draft.head_packed is not None:
-        logits = onednn_linear(hidden, draft.head_packed)
-    else:
-        logits = small_rows_linear.linear(hidden, draft.head_weight)
+        return draft.model.compute_logits(hidden)
+    if draft.head_packed is not None:
+        return onednn_linear(hidden, draft.head_packed)
+    return small_rows_linear.linear(hidden, draft.head_weight)
+
+
+def _top(draft: DraftModel, logits: torch.Tensor, k: int) -> torch.Tensor:  # [n, draft vocab] -> [n, k] target ids
     rows = logits.argmax(dim=-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices  # [n, k]
     if draft.head_weight is None:
         return rows

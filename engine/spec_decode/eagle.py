@@ -28,6 +28,13 @@ at its first unprocessed position.
 Drafts are greedy (one-hot for the rejection sampler); a request that asks for alternatives also
 gets the head's runners-up for its first draft (engine/worker/alternatives.py verifies them). The
 head only writes its own pool, so it cannot change the target's output.
+
+Each draft carries the head's softmax probability of it, which the controller's calibration
+(engine/spec_decode/calibration.py) turns into the chance the target accepts it; a request's
+drafts stop where the chance that all of them survive falls below its min_confidence (the first
+draft is always kept), and a request gets a further position only while the draft expected there
+(the calibration's next_chance) would still pay: deep drafts where the head is sure, none where
+it is guessing.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ import numpy as np
 import torch
 
 from engine.model.attention_metadata import AttentionMetadata
-from engine.spec_decode.draft_model import DraftModel, greedy_draft_tokens, top_draft_tokens
+from engine.spec_decode.calibration import ConfidenceCalibration
+from engine.spec_decode.draft_model import DraftModel, top_draft_tokens_with_prob
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import small_rows_linear
@@ -75,6 +83,7 @@ class _Buffered:
 
 class EagleProposer:
     supports_alternatives = True  # runners-up for the first draft come from the same top-k
+    supports_confidence = True  # stops a request's drafts by ProposalRequest.min_confidence
 
     def __init__(self, draft: DraftModel, *, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -92,6 +101,9 @@ class EagleProposer:
         # state that predicts token P + 2, i.e. the first draft of the next step.
         self._newest: dict[str, tuple[int, torch.Tensor]] = {}
         self.pass_seconds = 0.0  # seconds in head passes outside drafting (flushes; diagnostics)
+        # The chance the target accepts a draft, given the head's probability of it: learnt by
+        # the controller, which sets it here (None: the probability itself).
+        self.calibration: ConfidenceCalibration | None = None
 
     @staticmethod
     def kv_bytes_per_block(draft: DraftModel, block_size: int, dtype: torch.dtype) -> int:
@@ -222,28 +234,50 @@ class EagleProposer:
         states = torch.stack([state[r.req_id] for r, _ in active])  # [n, hidden]
         # The first position's runners-up are the head's next most likely tokens (one top-k).
         width = 1 + max(r.num_alternatives for r, _ in active)
-        top = top_draft_tokens(self.draft, states, width).tolist()  # [n, width]
-        tokens = [row[0] for row in top]
-        alternatives = {r.req_id: row[1: 1 + r.num_alternatives] for (r, _), row in zip(active, top)}
+        top, best_prob = top_draft_tokens_with_prob(self.draft, states, width)
+        top_rows, probs = top.tolist(), best_prob.tolist()  # [n, width], [n]
+        tokens = [row[0] for row in top_rows]
+        alternatives = {r.req_id: row[1: 1 + r.num_alternatives] for (r, _), row in zip(active, top_rows)}
+        calibration = self.calibration
+        token_probs: dict[str, list[float]] = {r.req_id: [] for r, _ in active}
+        confidence: dict[str, list[float]] = {r.req_id: [] for r, _ in active}
         step = 1
         while True:
-            for (r, _), token in zip(active, tokens):
+            # Keep each request's token while the chance that all its drafts survive pays for
+            # it (the first always: the plan priced it); a request stopped here drafts no more.
+            kept = []
+            # What another position's draft is expected to be worth (calibration.py): its pass
+            # runs only for requests for which that still pays.
+            next_chance = calibration.next_chance if calibration is not None else 1.0
+            for i, ((r, limit), token, prob) in enumerate(zip(active, tokens, probs)):
+                chance = calibration.acceptance(prob) if calibration is not None else prob
+                if step > 1 and calibration is not None:
+                    calibration.observe_next(chance)
+                survive = (confidence[r.req_id][-1] if step > 1 else 1.0) * chance
+                if step > 1 and survive < r.min_confidence:
+                    continue
                 drafts[r.req_id].append(token)
-            still = [(i, r, limit) for i, (r, limit) in enumerate(active) if limit > step]
-            if not still:
+                token_probs[r.req_id].append(prob)
+                confidence[r.req_id].append(survive)
+                if limit > step and survive * next_chance >= r.min_confidence:
+                    kept.append(i)
+            if not kept:
                 break
-            keep = torch.tensor([i for i, _, _ in still], device=self.device)
+            keep = torch.tensor(kept, device=self.device)
             states = states.index_select(0, keep)
-            active = [(r, limit) for _, r, limit in still]
+            active = [active[i] for i in kept]
             inputs = torch.tensor([drafts[r.req_id][-1] for r, _ in active], dtype=torch.int64, device=self.device)
             at = [position[r.req_id] + step for r, _ in active]
             meta = AttentionMetadata.build(query_lens=[1] * len(active), seq_lens=[p + 1 for p in at],
                                            block_ids=[r.block_ids for r, _ in active],
                                            block_size=self.block_size, device=self.device)
             states = self._forward(inputs, states, torch.tensor(at, dtype=torch.int64, device=self.device), meta)
-            tokens = greedy_draft_tokens(self.draft, states).tolist()
+            top, best_prob = top_draft_tokens_with_prob(self.draft, states, 1)
+            tokens, probs = top[:, 0].tolist(), best_prob.tolist()
             step += 1
-        return {req_id: Proposal(tokens, alternatives=alternatives.get(req_id, []))
+        return {req_id: Proposal(tokens, expected_accepted=sum(confidence.get(req_id, [])),
+                                 confidence=confidence.get(req_id, []), alternatives=alternatives.get(req_id, []),
+                                 token_probs=token_probs.get(req_id, []))
                 for req_id, tokens in drafts.items()}
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:

@@ -23,6 +23,11 @@ class ProposalRequest:
     # engine/worker/alternatives.py); the controller sets how many to ask for in num_alternatives.
     max_alternatives: int = 0
     num_alternatives: int = 0
+    # A draft model that knows its own confidence (supports_confidence) stops drafting for the
+    # request where the chance that all its drafts so far are accepted falls below this (the
+    # gain one more drafted token must bring to pay for itself); its first draft is always kept.
+    # 0: draft num_drafts.
+    min_confidence: float = 0.0
 
 
 @dataclass
@@ -39,6 +44,9 @@ class Proposal:
     # Other candidates for the first token (distinct from token_ids[0], most likely first), when
     # the request asked for num_alternatives: the target verifies each in a row of its own.
     alternatives: list[int] = field(default_factory=list)
+    # A draft model's own probability of each drafted token (its softmax, where it knows one):
+    # what the controller calibrates its confidence on (engine/spec_decode/calibration.py).
+    token_probs: list[float] = field(default_factory=list)
 
 
 class Proposer(Protocol):

@@ -559,3 +559,71 @@ def test_caps_are_checked() -> None:
         SpeculativeConfig(method="suffix", num_suffix_tokens=0)
     with pytest.raises(ValueError, match="num_suffix_tokens"):
         SpeculativeConfig(method="suffix", num_suffix_tokens=33)
+
+
+class ConfidentDraft(CountingDraft):
+    """CountingDraft that stops by confidence like the EAGLE head: it records each request's
+    min_confidence and reports its probability of every token (0.9 each)."""
+
+    supports_confidence = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calibration = None
+        self.floors: list[float] = []
+
+    def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
+        self.floors += [r.min_confidence for r in requests]
+        return {r.req_id: Proposal(p.token_ids, token_probs=[0.9] * len(p.token_ids))
+                for r, p in zip(requests, super().propose(requests).values())}
+
+
+def test_alone_a_confident_draft_model_drafts_to_its_cap_above_break_even() -> None:
+    # 31 ms a step, 1 ms to verify a token, the draft's own 10 ms a token: CountingDraft's plan
+    # drafts one token (test_draft_model_length_follows_its_cost); a draft model that knows its
+    # confidence is asked for the cap and stops where the chance of its drafts falls below
+    # (0.001 + 0.010) / 0.031.
+    spec, draft = controller("draft", draft_seconds=0.010, draft_class=ConfidentDraft)
+    assert isinstance(draft, ConfidentDraft) and draft.calibration is spec.calibration
+    r = request("a", [9])
+    spec.propose([r], batch_size=1)
+    assert draft.asked[-1] == ("a", 4) and r.num_drafts == 4
+    assert draft.floors[-1] == pytest.approx(0.011 / 0.031, rel=1e-3)
+
+
+@pytest.mark.usefixtures("unbudgeted_probes")
+def test_in_a_batch_a_confident_draft_model_only_trims_the_plan() -> None:
+    # The same batch history for both: every draft accepted, so the gate opens and drafts grow.
+    pair = [controller("draft", draft_seconds=0.0005), controller("draft", draft_seconds=0.0005,
+                                                                  draft_class=ConfidentDraft)]
+    names = [f"r{i}" for i in range(8)]
+    for _ in range(3 * PROBE_EVERY):
+        for spec, _ in pair:
+            proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
+            for name in names:
+                drafted = len(proposals[name].token_ids)
+                spec.record(name, drafted, drafted)
+    (_, plain), (_, confident) = pair
+    assert confident.asked == plain.asked and max(k for _, k in plain.asked) > 1
+    assert isinstance(confident, ConfidentDraft) and all(0.0 < floor < 1.0 for floor in confident.floors)
+
+
+def test_the_calibration_learns_from_the_draft_models_verified_tokens() -> None:
+    spec, _ = controller("draft", draft_class=ConfidentDraft)
+    before = spec.calibration.acceptance(0.9)
+    verified = 0
+    for _ in range(30):
+        proposals = spec.propose([request("a", [9])], batch_size=1)
+        drafted = len(proposals["a"].token_ids)
+        verified += drafted > 0
+        spec.record("a", drafted, 0)  # its confident drafts are all rejected
+    assert verified >= 5 and spec.calibration.acceptance(0.9) < before * 0.7
+    spec.finish("a", None)
+    spec.reset()  # a fresh calibration, handed to the draft model again
+    assert spec.calibration.acceptance(0.9) == before and spec.draft.calibration is spec.calibration
+
+
+def test_not_adaptive_a_confident_draft_model_drafts_k_without_a_floor() -> None:
+    spec, draft = controller("draft", adaptive=False, draft_class=ConfidentDraft)
+    spec.propose([request("a", [9])], batch_size=1)
+    assert draft.asked == [("a", 4)] and draft.floors == [0.0]

@@ -12,6 +12,7 @@ import torch
 from drafts.eagle import TrainableEagle, init_eagle
 from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
+from engine.spec_decode.calibration import ConfidenceCalibration
 from engine.spec_decode.draft_model import load_draft_model
 from engine.spec_decode.eagle import FLUSH_TOKENS, SPLIT_ROWS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
@@ -100,6 +101,55 @@ def test_drafts_roll_out_predicted_states(setup, context: int) -> None:
     _observe(proposer, ids, states, 0, context)
     proposal = proposer.propose([ProposalRequest("r", ids, [], num_drafts=4, block_ids=list(range(8)))])["r"]
     assert proposal.token_ids == _rollout(head, ids, states, 4)
+
+
+def _propose_with_floor(draft, ids: list[int], states: torch.Tensor, floor: float,
+                        calibration: ConfidenceCalibration | None = None):
+    """(proposal, head forwards run after the catch-up) for num_drafts=4 and min_confidence=floor."""
+    proposer = _proposer(draft)
+    proposer.calibration = calibration
+    _observe(proposer, ids, states, 0, len(ids))
+    proposer._catch_up(["r"])
+    forwards = []
+    inner = proposer._forward
+    proposer._forward = lambda *args, **kwargs: forwards.append(1) or inner(*args, **kwargs)
+    request = ProposalRequest("r", ids, [], num_drafts=4, block_ids=list(range(8)), min_confidence=floor)
+    return proposer.propose([request])["r"], len(forwards)
+
+
+def test_drafts_stop_where_the_chance_that_all_survive_falls_below_the_floor(setup) -> None:
+    head, draft, ids, states = setup
+    ids, states = ids[:12], states[:12]
+    rollout = _rollout(head, ids, states, 4)
+    proposal, forwards = _propose_with_floor(draft, ids, states, 0.0)
+    assert proposal.token_ids == rollout and forwards == 3
+    # Without a calibration, a draft's chance is the head's probability of it: the chance that
+    # all survive is their running product.
+    probs = proposal.token_probs
+    assert len(probs) == 4 and all(0.0 < p <= 1.0 for p in probs)
+    expected = [float(np.prod(probs[: j + 1])) for j in range(4)]
+    assert proposal.confidence == pytest.approx(expected)
+    assert proposal.expected_accepted == pytest.approx(sum(expected))
+    # A floor between the second and the third: two drafts; the third was computed (its chance
+    # is only known then; without a calibration the next draft is taken to be sure), the fourth
+    # never was.
+    assert expected[2] < expected[1]
+    proposal, forwards = _propose_with_floor(draft, ids, states, (expected[1] + expected[2]) / 2)
+    assert proposal.token_ids == rollout[:2] and forwards == 2
+    # Out of reach: the first draft is kept (the plan priced it) and no position is run for a
+    # second one that could not pay.
+    proposal, forwards = _propose_with_floor(draft, ids, states, 1.5)
+    assert proposal.token_ids == rollout[:1] and forwards == 0
+    # With a calibration, its chances: one that believes every draft (bins learnt at 0.99).
+    believing = ConfidenceCalibration()
+    for _ in range(2000):
+        believing.update([(b + 0.5) / 10 for b in range(10)][::-1], 10)
+    believing.next_chance = 0.99  # as if learnt from such drafts
+    proposal, _ = _propose_with_floor(draft, ids, states, 0.9, believing)
+    assert proposal.token_ids == rollout
+    chances = [believing.acceptance(prob) for prob in proposal.token_probs]
+    assert min(chances) > 0.95
+    assert proposal.confidence == pytest.approx([float(np.prod(chances[: j + 1])) for j in range(4)])
 
 
 def test_kv_only_passes_write_what_full_passes_write(setup, monkeypatch: pytest.MonkeyPatch) -> None:
