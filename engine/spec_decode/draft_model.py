@@ -142,6 +142,9 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
         if tuple(fc_weight.shape) != (arch.hidden_size, 2 * arch.hidden_size):
             raise ValueError(f"draft {path!r}: fc.weight is {tuple(fc_weight.shape)}, expected "
                              f"({arch.hidden_size}, {2 * arch.hidden_size})")
+    if inference_only and kind == "eagle":
+        # Most of an EAGLE head's positions only write KV (eagle.py): a k/v projection of its own.
+        model.layers[0].self_attn.add_kv_projection()
     head_packed = fc_packed = None
     if inference_only and head_weight is None and kind == "layers":
         prepare_for_inference(model, None, device)  # its decoder and its full-vocabulary head

@@ -142,3 +142,12 @@ def test_store_kv_writes_what_forward_writes(family_models) -> None:
         layer.store_kv(hidden, cos, sin, by_store, meta)
     assert by_forward.abs().sum() > 0
     torch.testing.assert_close(by_store, by_forward, atol=1e-6, rtol=1e-6)
+    # With a k/v projection of its own (add_kv_projection: an EAGLE head's, which skips q).
+    layer.self_attn.add_kv_projection()
+    try:
+        by_kv_proj = torch.zeros(shape)
+        with torch.inference_mode():
+            layer.store_kv(hidden, cos, sin, by_kv_proj, meta)
+    finally:
+        layer.self_attn.kv_proj = None
+    torch.testing.assert_close(by_kv_proj, by_forward, atol=1e-6, rtol=1e-6)

@@ -154,6 +154,7 @@ def test_drafts_stop_where_the_chance_that_all_survive_falls_below_the_floor(set
 
 def test_kv_only_passes_write_what_full_passes_write(setup, monkeypatch: pytest.MonkeyPatch) -> None:
     _, draft, ids, states = setup
+    assert draft.model.layers[0].self_attn.kv_proj is not None  # KV-only passes skip q (llama.py)
     written = []
     for split_rows in (SPLIT_ROWS, 10 ** 6):  # the older positions' KV alone first, or all in one full pass
         monkeypatch.setattr("engine.spec_decode.eagle.SPLIT_ROWS", split_rows)
