@@ -368,7 +368,11 @@ class SpeculationController:
             draft_started = time.perf_counter()
             drafted = self.draft.propose(need_draft)
             lengths = [len(p.token_ids) for p in drafted.values()]
-            self.draft_cost.observe(max(lengths, default=0), sum(lengths), time.perf_counter() - draft_started)
+            # Priced by the positions it ran: one that stops by confidence may have run a
+            # position past its last kept draft (measured as depth, that pass would have
+            # inflated the fit's fixed cost and kept the head off in steps where it pays).
+            depth = max(max(lengths, default=0), getattr(self.draft, "positions_run", 0))
+            self.draft_cost.observe(depth, sum(lengths), time.perf_counter() - draft_started)
             proposals.update(drafted)
             for request in need_draft:
                 proposal = drafted.get(request.req_id)

@@ -176,6 +176,9 @@ class DraftModelProposer:
         # [num_blocks * block_size] int64: the token whose draft KV each slot holds, -1: none.
         self._kv_tokens = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self.num_catch_up_tokens = 0  # context tokens run to catch up (tests and diagnostics)
+        # Positions the last propose drafted in sequence (the deepest request's; a draft computed
+        # and then dropped for its confidence counts: its pass ran). The controller prices by it.
+        self.positions_run = 0
         # Set by the controller (the chance a draft is accepted, given its probability; None:
         # the probability itself).
         self.calibration: ConfidenceCalibration | None = None
@@ -212,6 +215,7 @@ class DraftModelProposer:
         limit = {r.req_id: min(r.num_drafts, len(r.block_ids) * self.block_size - position[r.req_id])
                  for r in requests}
         active = [r for r in requests if limit[r.req_id] > 0]
+        self.positions_run = 0
         if not active:
             return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
         # First step: per request, the context it has no draft KV for, ending with the token just
@@ -286,6 +290,7 @@ class DraftModelProposer:
             end = len(r.block_ids) * self.block_size
             if written + 1 < end:
                 self._kv_tokens[self._slots(r.block_ids, written + 1, end)] = -1
+        self.positions_run = step
         return {req_id: Proposal(tokens, expected_accepted=sum(confidence.get(req_id, [])),
                                  confidence=confidence.get(req_id, []), token_probs=token_probs.get(req_id, []))
                 for req_id, tokens in drafts.items()}

@@ -101,6 +101,9 @@ class EagleProposer:
         # state that predicts token P + 2, i.e. the first draft of the next step.
         self._newest: dict[str, tuple[int, torch.Tensor]] = {}
         self.pass_seconds = 0.0  # seconds in head passes outside drafting (flushes; diagnostics)
+        # Positions the last propose drafted in sequence (the deepest request's; a draft computed
+        # and then dropped for its confidence counts: its pass ran). The controller prices by it.
+        self.positions_run = 0
         # The chance the target accepts a draft, given the head's probability of it: learnt by
         # the controller, which sets it here (None: the probability itself).
         self.calibration: ConfidenceCalibration | None = None
@@ -229,6 +232,7 @@ class EagleProposer:
                 active.append((r, limit))
                 position[r.req_id] = newest[0]
                 state[r.req_id] = newest[1]
+        self.positions_run = 0
         if not active:
             return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
         states = torch.stack([state[r.req_id] for r, _ in active])  # [n, hidden]
@@ -275,6 +279,7 @@ class EagleProposer:
             top, best_prob = top_draft_tokens_with_prob(self.draft, states, 1)
             tokens, probs = top[:, 0].tolist(), best_prob.tolist()
             step += 1
+        self.positions_run = step
         return {req_id: Proposal(tokens, expected_accepted=sum(confidence.get(req_id, [])),
                                  confidence=confidence.get(req_id, []), alternatives=alternatives.get(req_id, []),
                                  token_probs=token_probs.get(req_id, []))

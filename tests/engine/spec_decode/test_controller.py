@@ -627,3 +627,20 @@ def test_not_adaptive_a_confident_draft_model_drafts_k_without_a_floor() -> None
     spec, draft = controller("draft", adaptive=False, draft_class=ConfidentDraft)
     spec.propose([request("a", [9])], batch_size=1)
     assert draft.asked == [("a", 4)] and draft.floors == [0.0]
+
+
+def test_a_draft_model_is_priced_by_the_positions_it_ran() -> None:
+    class StoppingDraft(ConfidentDraft):
+        """Drafts one token but ran three positions (two drafts dropped for their confidence)."""
+
+        positions_run = 0
+
+        def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
+            self.positions_run = 3
+            return {r.req_id: Proposal([7], token_probs=[0.9]) for r in requests}
+
+    spec, _ = controller("draft", draft_class=StoppingDraft)
+    seen = []
+    spec.draft_cost.observe = lambda depth, tokens, seconds: seen.append((depth, tokens))  # type: ignore[method-assign]
+    spec.propose([request("a", [9])], batch_size=1)
+    assert seen == [(3, 1)]

@@ -29,9 +29,11 @@ def _propose(proposer: DraftModelProposer, floor: float, context: list[int]) -> 
     request = ProposalRequest("r", context[:-1], context[-1:], num_drafts=4, block_ids=list(range(8)),
                               min_confidence=floor)
     try:
-        return proposer.propose([request])["r"], len(forwards) - 1
+        proposal = proposer.propose([request])["r"]
     finally:
         proposer._forward = inner
+    assert proposer.positions_run == len(forwards)  # what the controller prices
+    return proposal, len(forwards) - 1
 
 
 def test_drafts_stop_below_the_floor_and_the_kv_records_stay_right(draft) -> None:

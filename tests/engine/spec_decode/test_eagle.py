@@ -114,7 +114,9 @@ def _propose_with_floor(draft, ids: list[int], states: torch.Tensor, floor: floa
     inner = proposer._forward
     proposer._forward = lambda *args, **kwargs: forwards.append(1) or inner(*args, **kwargs)
     request = ProposalRequest("r", ids, [], num_drafts=4, block_ids=list(range(8)), min_confidence=floor)
-    return proposer.propose([request])["r"], len(forwards)
+    proposal = proposer.propose([request])["r"]
+    assert proposer.positions_run == 1 + len(forwards)  # what the controller prices: the first from the catch-up
+    return proposal, len(forwards)
 
 
 def test_drafts_stop_where_the_chance_that_all_survive_falls_below_the_floor(setup) -> None:
