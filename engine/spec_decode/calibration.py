@@ -30,6 +30,8 @@ of none on chat that way, against 1.20x for one draft a step; with next_chance 1
 
 from __future__ import annotations
 
+from engine.spec_decode.proposer import Proposal, ProposalRequest
+
 NUM_BINS = 10
 PRIOR_TRIALS = 4.0  # weight of a bin's prior (its midpoint), in trials
 DECAY = 0.995  # weight of the past per verification (about the last 200 count)
@@ -93,3 +95,38 @@ def _monotone(accepted: list[float], trials: list[float]) -> list[float]:
     for rate, _, count in blocks:
         table.extend([min(MAX_ACCEPTANCE, rate)] * int(count))
     return table
+
+
+class DraftChances:
+    """One propose call's bookkeeping for a draft model that stops by confidence (eagle.py,
+    draft_model.py): per request, its drafts' probabilities and the chance that all of them so
+    far survive (calibrated; without a calibration, the probability itself)."""
+
+    def __init__(self, calibration: ConfidenceCalibration | None, req_ids: list[str]) -> None:
+        self.calibration = calibration
+        self.token_probs: dict[str, list[float]] = {req_id: [] for req_id in req_ids}
+        self.confidence: dict[str, list[float]] = {req_id: [] for req_id in req_ids}
+
+    def keep(self, request: ProposalRequest, prob: float) -> bool:
+        """Whether the request's next draft (probability prob) is kept: always its first; a later
+        one while the chance that all survive stays at or above its min_confidence."""
+        first = not self.confidence[request.req_id]
+        chance = self.calibration.acceptance(prob) if self.calibration is not None else prob
+        if not first and self.calibration is not None:
+            self.calibration.observe_next(chance)
+        survive = (1.0 if first else self.confidence[request.req_id][-1]) * chance
+        if not first and survive < request.min_confidence:
+            return False
+        self.token_probs[request.req_id].append(prob)
+        self.confidence[request.req_id].append(survive)
+        return True
+
+    def worth_another(self, request: ProposalRequest) -> bool:
+        """Whether a further position could pay: the chance so far times the draft expected there."""
+        next_chance = self.calibration.next_chance if self.calibration is not None else 1.0
+        return self.confidence[request.req_id][-1] * next_chance >= request.min_confidence
+
+    def proposal(self, req_id: str, token_ids: list[int], alternatives: list[int] | None = None) -> Proposal:
+        confidence = self.confidence.get(req_id, [])
+        return Proposal(token_ids, expected_accepted=sum(confidence), confidence=confidence,
+                        alternatives=alternatives or [], token_probs=self.token_probs.get(req_id, []))

@@ -51,7 +51,7 @@ from engine.model.loader.hf_loader import load_hf_model
 from engine.model.quantization import prepare_draft_layers, prepare_for_inference
 from engine.config import SpeculativeConfig
 from engine.model.resolve import ResolvedModel, resolve_model, shipped_draft_path
-from engine.spec_decode.calibration import ConfidenceCalibration
+from engine.spec_decode.calibration import ConfidenceCalibration, DraftChances
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import small_rows_linear
@@ -238,26 +238,21 @@ class DraftModelProposer:
         for r, start, chunk in zip(active, starts, chunks):
             self._kv_tokens[self._slots(r.block_ids, start, start + len(chunk))] = chunk
         current = {}
-        # Confidence (as in eagle.py): the chance that all of a request's drafts survive; a
-        # request whose next draft would fall below its min_confidence stops (its first draft is
-        # always kept), and another position runs only while the draft expected there could pay.
-        calibration = self.calibration
-        next_chance = calibration.next_chance if calibration is not None else 1.0
-        token_probs: dict[str, list[float]] = {r.req_id: [] for r in active}
-        confidence: dict[str, list[float]] = {r.req_id: [] for r in active}
+        # Confidence (calibration.py): a request's drafts stop where the chance that all survive
+        # falls below its min_confidence (its first is always kept), and another position runs
+        # only while the draft expected there could pay.
+        chances = DraftChances(self.calibration, [r.req_id for r in active])
         for r, token, prob in zip(active, next_ids, next_probs):
+            chances.keep(r, prob)
             drafts[r.req_id].append(token)
-            token_probs[r.req_id].append(prob)
-            confidence[r.req_id].append(calibration.acceptance(prob) if calibration is not None else prob)
             current[r.req_id] = token
             position[r.req_id] += 1
         # Then one token per step from the last draft, while a request wants more.
         stopped: set[str] = set()
         step = 1
         while True:
-            next_chance = calibration.next_chance if calibration is not None else 1.0
             active = [r for r in active if limit[r.req_id] > step and r.req_id not in stopped
-                      and confidence[r.req_id][-1] * next_chance >= r.min_confidence]
+                      and chances.worth_another(r)]
             if not active:
                 break
             ids = [r.req_id for r in active]
@@ -270,17 +265,11 @@ class DraftModelProposer:
                 self._kv_tokens[self._slots(r.block_ids, at, at + 1)] = current[r.req_id]
             tokens, probs = self._greedy(hidden)
             for r, token, prob in zip(active, tokens, probs):
-                chance = calibration.acceptance(prob) if calibration is not None else prob
-                if calibration is not None:
-                    calibration.observe_next(chance)
-                survive = confidence[r.req_id][-1] * chance
                 position[r.req_id] += 1  # the KV of the draft fed back is written either way
-                if survive < r.min_confidence:
+                if not chances.keep(r, prob):
                     stopped.add(r.req_id)
                     continue
                 drafts[r.req_id].append(token)
-                token_probs[r.req_id].append(prob)
-                confidence[r.req_id].append(survive)
                 current[r.req_id] = token
             step += 1
         for r in requests:
@@ -291,9 +280,7 @@ class DraftModelProposer:
             if written + 1 < end:
                 self._kv_tokens[self._slots(r.block_ids, written + 1, end)] = -1
         self.positions_run = step
-        return {req_id: Proposal(tokens, expected_accepted=sum(confidence.get(req_id, [])),
-                                 confidence=confidence.get(req_id, []), token_probs=token_probs.get(req_id, []))
-                for req_id, tokens in drafts.items()}
+        return {req_id: chances.proposal(req_id, tokens) for req_id, tokens in drafts.items()}
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, requests: list[ProposalRequest],
                  query_lens: list[int], seq_lens: list[int]) -> torch.Tensor:

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from engine.model.attention_metadata import AttentionMetadata
-from engine.spec_decode.calibration import ConfidenceCalibration
+from engine.spec_decode.calibration import ConfidenceCalibration, DraftChances
 from engine.spec_decode.draft_model import DraftModel, top_draft_tokens_with_prob
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
@@ -242,28 +242,18 @@ class EagleProposer:
         top_rows, probs = top.tolist(), best_prob.tolist()  # [n, width], [n]
         tokens = [row[0] for row in top_rows]
         alternatives = {r.req_id: row[1: 1 + r.num_alternatives] for (r, _), row in zip(active, top_rows)}
-        calibration = self.calibration
-        token_probs: dict[str, list[float]] = {r.req_id: [] for r, _ in active}
-        confidence: dict[str, list[float]] = {r.req_id: [] for r, _ in active}
+        chances = DraftChances(self.calibration, [r.req_id for r, _ in active])
         step = 1
         while True:
-            # Keep each request's token while the chance that all its drafts survive pays for
-            # it (the first always: the plan priced it); a request stopped here drafts no more.
+            # Each request's token is kept while the chance that all its drafts survive pays
+            # (the first always: the plan priced it); a further position runs only for those
+            # for which the draft expected there could still pay (calibration.py).
             kept = []
-            # What another position's draft is expected to be worth (calibration.py): its pass
-            # runs only for requests for which that still pays.
-            next_chance = calibration.next_chance if calibration is not None else 1.0
-            for i, ((r, limit), token, prob) in enumerate(zip(active, tokens, probs)):
-                chance = calibration.acceptance(prob) if calibration is not None else prob
-                if step > 1 and calibration is not None:
-                    calibration.observe_next(chance)
-                survive = (confidence[r.req_id][-1] if step > 1 else 1.0) * chance
-                if step > 1 and survive < r.min_confidence:
+            for i, ((r, limit), token) in enumerate(zip(active, tokens)):
+                if not chances.keep(r, probs[i]):
                     continue
                 drafts[r.req_id].append(token)
-                token_probs[r.req_id].append(prob)
-                confidence[r.req_id].append(survive)
-                if limit > step and survive * next_chance >= r.min_confidence:
+                if limit > step and chances.worth_another(r):
                     kept.append(i)
             if not kept:
                 break
@@ -280,9 +270,7 @@ class EagleProposer:
             tokens, probs = top[:, 0].tolist(), best_prob.tolist()
             step += 1
         self.positions_run = step
-        return {req_id: Proposal(tokens, expected_accepted=sum(confidence.get(req_id, [])),
-                                 confidence=confidence.get(req_id, []), alternatives=alternatives.get(req_id, []),
-                                 token_probs=token_probs.get(req_id, []))
+        return {req_id: chances.proposal(req_id, tokens, alternatives.get(req_id))
                 for req_id, tokens in drafts.items()}
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
