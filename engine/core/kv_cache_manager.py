@@ -123,9 +123,19 @@ class KVCacheManager:
         shared, so they are evicted first). Call before resetting num_computed_tokens: blocks
         whose tokens were scheduled but never computed lose their keys here."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
-        self.num_cached_blocks.pop(request.request_id, None)
+        num_cached_blocks = self.num_cached_blocks.pop(request.request_id, 0)
         if not blocks:
             return
+        if self.enable_caching:
+            # Blocks filled by drafts accepted in the request's last step were computed after
+            # allocate_slots last registered blocks (it only counts real tokens, and no later
+            # step comes): register them now, or the next turn of an agent, whose prompt extends
+            # this output, misses them. Tokens after a stop are computed but not the request's:
+            # num_tokens caps the count.
+            num_real_computed = min(request.num_computed_tokens, request.num_tokens)
+            num_full_blocks = min(num_real_computed // self.block_size, len(request.block_hashes), len(blocks))
+            if num_full_blocks > num_cached_blocks:
+                self.block_pool.cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks)
         self.block_pool.free_blocks(reversed(blocks))
         if self.enable_caching:
             num_computed_blocks = request.num_computed_tokens // self.block_size

@@ -44,8 +44,8 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
 - Confidence (a draft model that knows it, supports_confidence: the EAGLE head): the plan says
   which requests the draft model drafts for and how deep at least; the head then stops each
   request's drafts where the chance that all of them are accepted (its own probability of each
-  token, calibrated online: calibration.py) falls below the break-even gain of one more token
-  (_confidence_floors).
+  token, calibrated online: calibration.py) falls below the break-even gain of one more token,
+  and a request alone drafts on up to its cap while that chance pays (_confidence_floors).
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
   when it drafts again (draft_model.py), so a switched-off draft costs little (an EAGLE head
   still keeps its KV current in batched passes: eagle.py).
@@ -344,6 +344,7 @@ class SpeculationController:
         # Taken by the first request that drafts: two rows, on its own clock (the idle requests'
         # probe budget is for starting the draft model and verifying their tokens).
         probe_rank = self.config.adaptive and self._planned_steps % PROBE_EVERY == 0 and self._names_alternatives
+        rooms = {request.req_id: request.num_drafts for request in requests}
         for request in requests:
             which, count = chosen[request.req_id]
             request.num_drafts = count
@@ -363,7 +364,7 @@ class SpeculationController:
                                                      sum(proposal.confidence[:count]), proposal.confidence[:count])
         if need_draft:
             if self.config.adaptive and not unpriced and self._knows_confidence:
-                self._confidence_floors(need_draft, batch_size, step_seconds)
+                self._confidence_floors(need_draft, rooms, batch_size, step_seconds)
             draft_started = time.perf_counter()
             drafted = self.draft.propose(need_draft)
             lengths = [len(p.token_ids) for p in drafted.values()]
@@ -381,20 +382,22 @@ class SpeculationController:
         self.proposer_seconds += time.perf_counter() - started
         return proposals
 
-    def _confidence_floors(self, drafting: list[ProposalRequest], batch_size: int,
+    def _confidence_floors(self, drafting: list[ProposalRequest], rooms: dict[str, int], batch_size: int,
                            step_seconds: float) -> None:
         """For a draft model that stops by confidence: each drafting request's min_confidence,
         the gain one more of its drafts must bring at break-even (verifying it, the draft model's
         price per token, and a share of one more position's pass: the pass serves every request
-        still drafting, so each pays its share of it). The floor only trims the plan's count.
-        (Drafting past the plan's count alone while sure was tried and taken out: it left the
-        prefix cache a block short of what the gateway's session report predicts,
-        tests/gateway/test_sessions_http.py; not yet understood.)
+        still drafting, so each pays its share of it). Alone (batch_size 1), the plan's count is
+        only where the drafts start: the request may draft up to its cap while the head is sure
+        enough, since no other request waits for its tokens (in a batch they would, and the plan's
+        fairness gate has budgeted what they may wait; there the floor only trims).
         (What it gained in the speculative benchmark: docs/speculative.md, "Confidence".)"""
         depth_share = self.draft_cost.per_depth / len(drafting)
         for request in drafting:
             seconds = self.cost.token_seconds(_context_len(request)) + self.draft_cost.per_token + depth_share
             request.min_confidence = break_even_gain(step_seconds, batch_size, seconds)
+            if batch_size == 1:
+                request.num_drafts = min(rooms[request.req_id], self.draft_tokens)
 
     def _plain_step_seconds(self, mean_context: float, batch_size: int) -> float:
         """Plain decoding's step: every running request one token, at its context (mean_context:

@@ -149,6 +149,48 @@ def test_decode_registers_blocks_as_they_fill_but_never_draft_tokens() -> None:
     assert pool.blocks[1].block_hash == request.block_hashes[1]  # now full of real tokens
 
 
+def test_blocks_filled_by_drafts_accepted_in_the_last_step_are_registered_when_freed() -> None:
+    manager = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE)
+    request = make_request("r", [1, 2, 3, 4, 5, 6])
+    assert admit(manager, request) == [0, 1]
+    compute_all(request)
+    request.append_output_token_ids(7)
+    request.spec_token_ids = [8, 9, 10]  # fill block 1 and spill into block 2
+    assert manager.allocate_slots(request, 4) == [2]
+    pool = manager.block_pool
+    assert pool.blocks[1].block_hash is None
+    # The step accepted all three drafts and sampled a bonus token that hit max_tokens: the
+    # request finishes with no later allocation to register block 1.
+    request.num_computed_tokens = 10
+    request.spec_token_ids = []
+    for token_id in (8, 9, 10, 11):
+        request.append_output_token_ids(token_id)
+    manager.free(request)
+    assert pool.get_cached_block(request.block_hashes[1]).block_id == 1
+    assert len(request.block_hashes) == 2  # block 2 holds 3 tokens: not full, not registered
+    follow_up = make_request("next", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
+    assert manager.get_computed_blocks(follow_up)[1] == 8
+
+
+def test_tokens_computed_after_a_stop_are_not_registered() -> None:
+    manager = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE)
+    request = make_request("r", [1, 2, 3, 4, 5, 6])
+    assert admit(manager, request) == [0, 1]
+    compute_all(request)
+    request.append_output_token_ids(7)
+    request.spec_token_ids = [8, 9, 10]
+    assert manager.allocate_slots(request, 4) == [2]
+    # All drafts accepted, but the first accepted one was a stop token: 8 tokens are the
+    # request's, 10 were computed. Block 1 is full of the request's tokens; nothing further is.
+    request.num_computed_tokens = 10
+    request.spec_token_ids = []
+    request.append_output_token_ids(8)
+    manager.free(request)
+    pool = manager.block_pool
+    assert pool.get_cached_block(request.block_hashes[1]).block_id == 1
+    assert sum(block.block_hash is not None for block in pool.blocks) == 2
+
+
 def test_lookahead_slots_are_allocated() -> None:
     manager = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE)
     request = make_request("r", [1, 2, 3])

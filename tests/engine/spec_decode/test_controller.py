@@ -578,14 +578,16 @@ class ConfidentDraft(CountingDraft):
                 for r, p in zip(requests, super().propose(requests).values())}
 
 
-def test_alone_a_confident_draft_model_gets_the_break_even_floor() -> None:
-    # 31 ms a step, 1 ms to verify a token, the draft's own 10 ms a token: the plan drafts one
-    # token (test_draft_model_length_follows_its_cost), with a floor of (0.001 + 0.010) / 0.031.
+def test_alone_a_confident_draft_model_drafts_to_its_cap_above_break_even() -> None:
+    # 31 ms a step, 1 ms to verify a token, the draft's own 10 ms a token: CountingDraft's plan
+    # drafts one token (test_draft_model_length_follows_its_cost); a draft model that knows its
+    # confidence is asked for the cap and stops where the chance of its drafts falls below
+    # (0.001 + 0.010) / 0.031.
     spec, draft = controller("draft", draft_seconds=0.010, draft_class=ConfidentDraft)
     assert isinstance(draft, ConfidentDraft) and draft.calibration is spec.calibration
     r = request("a", [9])
     spec.propose([r], batch_size=1)
-    assert draft.asked[-1] == ("a", 1) and r.num_drafts == 1
+    assert draft.asked[-1] == ("a", 4) and r.num_drafts == 4
     assert draft.floors[-1] == pytest.approx(0.011 / 0.031, rel=1e-3)
 
 
