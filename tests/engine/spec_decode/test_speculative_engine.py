@@ -87,6 +87,31 @@ def test_identical_draft_is_accepted() -> None:
     assert stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens >= 0.98
 
 
+def test_a_follow_up_hits_every_block_the_last_steps_accepted_drafts_filled() -> None:
+    # An agent's next turn extends the prompt with the output. Every computed position of it is
+    # cached, also those whose drafts were accepted in the request's last step (no allocation
+    # came after it to register their blocks: kv_cache_manager.free does). With an identical
+    # draft every step accepts all its drafts; the lengths tried end with a block boundary among
+    # the last step's positions (without the fix, 16 tokens were cached of 32 at the first).
+    llm = LLM(dtype="float32", speculative="draft", draft=embedded_gguf_path(), num_speculative_tokens=4,
+              adaptive_speculation=False, kv_cache_memory="64MiB", draft_dtype="float32")
+    block_size = llm.config.cache.block_size
+    prompt = llm.tokenizer.encode(PROMPTS[1])
+    lengths = [n for n in range(2, 2 * block_size) if (len(prompt) + n - 1) % block_size < 4]
+    for max_tokens in lengths:
+        llm.reset_prefix_cache()
+        [first] = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                               use_tqdm=False)
+        assert len(first.token_ids) == max_tokens
+        follow_up = prompt + first.token_ids + [13, 13]
+        [second] = llm.generate([follow_up], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        # The last output token's KV was never computed: every full block before it is cached.
+        computed = len(prompt) + max_tokens - 1
+        assert second.num_cached_tokens == computed // block_size * block_size, max_tokens
+    stats = llm.stats()
+    assert stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens >= 0.98
+
+
 def test_sampled_requests_run_with_drafts() -> None:
     # Sampling is lossless in distribution (tests/engine/sample/test_rejection_sampler.py), not
     # draw for draw: which drafts a request gets changes which random numbers it uses. So here:
