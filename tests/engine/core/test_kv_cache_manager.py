@@ -149,14 +149,21 @@ def test_decode_registers_blocks_as_they_fill_but_never_draft_tokens() -> None:
     assert pool.blocks[1].block_hash == request.block_hashes[1]  # now full of real tokens
 
 
-def test_blocks_filled_by_drafts_accepted_in_the_last_step_are_registered_when_freed() -> None:
+def verifying_three_drafts() -> tuple[KVCacheManager, Request]:
+    """A request of 6 prompt tokens and one output, scheduled with drafts 8, 9, 10 (they fill
+    block 1 and spill into block 2)."""
     manager = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE)
     request = make_request("r", [1, 2, 3, 4, 5, 6])
     assert admit(manager, request) == [0, 1]
     compute_all(request)
     request.append_output_token_ids(7)
-    request.spec_token_ids = [8, 9, 10]  # fill block 1 and spill into block 2
+    request.spec_token_ids = [8, 9, 10]
     assert manager.allocate_slots(request, 4) == [2]
+    return manager, request
+
+
+def test_blocks_filled_by_drafts_accepted_in_the_last_step_are_registered_when_freed() -> None:
+    manager, request = verifying_three_drafts()
     pool = manager.block_pool
     assert pool.blocks[1].block_hash is None
     # The step accepted all three drafts and sampled a bonus token that hit max_tokens: the
@@ -173,13 +180,7 @@ def test_blocks_filled_by_drafts_accepted_in_the_last_step_are_registered_when_f
 
 
 def test_tokens_computed_after_a_stop_are_not_registered() -> None:
-    manager = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE)
-    request = make_request("r", [1, 2, 3, 4, 5, 6])
-    assert admit(manager, request) == [0, 1]
-    compute_all(request)
-    request.append_output_token_ids(7)
-    request.spec_token_ids = [8, 9, 10]
-    assert manager.allocate_slots(request, 4) == [2]
+    manager, request = verifying_three_drafts()
     # All drafts accepted, but the first accepted one was a stop token: 8 tokens are the
     # request's, 10 were computed. Block 1 is full of the request's tokens; nothing further is.
     request.num_computed_tokens = 10
