@@ -109,33 +109,33 @@ class KVCacheManager:
         held_blocks.extend(new_blocks)
 
         if self.enable_caching:
-            # Only blocks full of real tokens get keys; draft tokens may still be rejected.
-            num_real_tokens = min(num_computed_tokens + num_new_tokens, request.num_tokens)
-            num_full_blocks = min(num_real_tokens // self.block_size, len(request.block_hashes))
-            num_cached_blocks = self.num_cached_blocks.get(request_id, 0)
-            if num_full_blocks > num_cached_blocks:
-                self.block_pool.cache_full_blocks(request, held_blocks, num_cached_blocks, num_full_blocks)
-                self.num_cached_blocks[request_id] = num_full_blocks
+            # Draft tokens may still be rejected: only the real ones count.
+            self._register_full_blocks(request, held_blocks, num_computed_tokens + num_new_tokens)
         return [block.block_id for block in new_blocks]
+
+    def _register_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        """Gives keys to the request's blocks full of its first num_tokens tokens (of its own
+        tokens only: drafts and tokens computed after a stop are not) that have none yet."""
+        num_real_tokens = min(num_tokens, request.num_tokens)
+        num_full_blocks = min(num_real_tokens // self.block_size, len(request.block_hashes), len(blocks))
+        num_cached_blocks = self.num_cached_blocks.get(request.request_id, 0)
+        if num_full_blocks > num_cached_blocks:
+            self.block_pool.cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks)
+            self.num_cached_blocks[request.request_id] = num_full_blocks
 
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first (its last blocks are the least likely to be
         shared, so they are evicted first). Call before resetting num_computed_tokens: blocks
         whose tokens were scheduled but never computed lose their keys here."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
-        num_cached_blocks = self.num_cached_blocks.pop(request.request_id, 0)
+        if blocks and self.enable_caching:
+            # Blocks filled by drafts accepted in the request's last step were computed after
+            # allocate_slots last registered blocks, and no later step comes: register them now,
+            # or the next turn of an agent, whose prompt extends this output, misses them.
+            self._register_full_blocks(request, blocks, request.num_computed_tokens)
+        self.num_cached_blocks.pop(request.request_id, None)
         if not blocks:
             return
-        if self.enable_caching:
-            # Blocks filled by drafts accepted in the request's last step were computed after
-            # allocate_slots last registered blocks (it only counts real tokens, and no later
-            # step comes): register them now, or the next turn of an agent, whose prompt extends
-            # this output, misses them. Tokens after a stop are computed but not the request's:
-            # num_tokens caps the count.
-            num_real_computed = min(request.num_computed_tokens, request.num_tokens)
-            num_full_blocks = min(num_real_computed // self.block_size, len(request.block_hashes), len(blocks))
-            if num_full_blocks > num_cached_blocks:
-                self.block_pool.cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks)
         self.block_pool.free_blocks(reversed(blocks))
         if self.enable_caching:
             num_computed_blocks = request.num_computed_tokens // self.block_size

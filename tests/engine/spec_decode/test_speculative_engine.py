@@ -91,8 +91,9 @@ def test_a_follow_up_hits_every_block_the_last_steps_accepted_drafts_filled() ->
     # An agent's next turn extends the prompt with the output. Every computed position of it is
     # cached, also those whose drafts were accepted in the request's last step (no allocation
     # came after it to register their blocks: kv_cache_manager.free does). With an identical
-    # draft every step accepts all its drafts; the lengths tried end with a block boundary among
-    # the last step's positions (without the fix, 16 tokens were cached of 32 at the first).
+    # draft every step accepts all its drafts; the lengths tried end a few positions past a block
+    # boundary, so it often falls among the last step's drafts (without free's registration, 16
+    # tokens were cached of 32 at the first).
     llm = LLM(dtype="float32", speculative="draft", draft=embedded_gguf_path(), num_speculative_tokens=4,
               adaptive_speculation=False, kv_cache_memory="64MiB", draft_dtype="float32")
     block_size = llm.config.cache.block_size
