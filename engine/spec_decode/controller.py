@@ -25,7 +25,9 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   what the others' drafts add to a request's step must be paid by its standing gain (they delay
   it too): the drafted tokens the target accepted for it per step over its recent steps (those
   without drafts count 0), with a fading prior at the rate pooled over all requests (policy.py's
-  fairness gate). Steps on which the gate lets nothing through skip proposing and planning.
+  fairness gate). Steps on which the gate lets nothing through skip proposing and planning; a
+  plan's least cost being one verified token plus proposing and planning it (measured per step:
+  proposing_seconds), a budget that buys a token but not the work of finding it is shut too.
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
   for PROBE_EVERY steps probes with one on a probe step (every PROBE_EVERY-th, the same steps for
   all, so a draft model starts once for every probe; spaced out further while a probe step would
@@ -104,6 +106,9 @@ STANDING_DECAY = 0.95
 # it starts from what requests are gaining (a code answer's first steps rarely repeat anything
 # yet, though most of it will), and its own steps take over as the weight fades.
 STANDING_PRIOR_STEPS = 8.0
+# Weight of the past in the measured seconds of proposing and planning a step (the suffix
+# proposer, the plan, without the draft model's run, which is priced by its own cost model).
+PROPOSING_DECAY = 0.9
 MAX_ALTERNATIVES = 3  # runners-up for a first draft at most (top-4 covers most of the head's hits)
 ALTERNATIVE_PRIOR = 0.1  # a rank's hit rate before any was verified (weighing PRIOR_TRIALS, decaying)
 
@@ -195,6 +200,8 @@ class SpeculationController:
         # (budgeted) interval, those of the runner-up rank past the paying ones on multiples of
         # PROBE_EVERY.
         self._planned_steps = 0
+        # What proposing and planning a step costs (decaying mean of the steps that did it).
+        self.proposing_seconds = 0.0
         self._pooled_standing = TokensPerStep()  # over all requests' steps
         # The chance a draft model's token is accepted, given its own probability of it (pooled);
         # a draft model that stops by confidence reads it (calibration.py).
@@ -325,8 +332,12 @@ class SpeculationController:
             probe_every = self._probe_every(len(requests), mean_context, step_seconds)
             probe_step = self._planned_steps % probe_every == 0
             standing = self._standing_gains(requests)
+            # The least a plan costs: one verified token, and proposing and planning it (the
+            # suffix index, the vote, the plan: at 8 chat streams ~0.3-0.5 ms of a 29 ms step on
+            # this CPU, on the steps where the gate's budget bought about one token).
+            cheapest_plan = self.cost.token_seconds(0) + self.proposing_seconds
             if (not (unpriced or probe_step) and batch_size >= 2
-                    and gate_shut(standing.values(), step_seconds, self.cost.token_seconds(0))):
+                    and gate_shut(standing.values(), step_seconds, cheapest_plan)):
                 self._skip_step(requests)
                 self.proposer_seconds += time.perf_counter() - started
                 return {request.req_id: Proposal([]) for request in requests}
@@ -362,25 +373,36 @@ class SpeculationController:
                 proposal = suffix.get(request.req_id, Proposal([]))
                 proposals[request.req_id] = Proposal(proposal.token_ids[:count], None,
                                                      sum(proposal.confidence[:count]), proposal.confidence[:count])
+        draft_seconds = 0.0
         if need_draft:
             if self.config.adaptive and not unpriced and self._knows_confidence:
                 self._confidence_floors(need_draft, rooms, batch_size, step_seconds)
             draft_started = time.perf_counter()
             drafted = self.draft.propose(need_draft)
+            draft_seconds = time.perf_counter() - draft_started
             lengths = [len(p.token_ids) for p in drafted.values()]
             # Priced by the positions it ran: one that stops by confidence may have run a
             # position past its last kept draft (measured as depth, that pass would have
             # inflated the fit's fixed cost and kept the head off in steps where it pays).
             depth = max(max(lengths, default=0), getattr(self.draft, "positions_run", 0))
-            self.draft_cost.observe(depth, sum(lengths), time.perf_counter() - draft_started)
+            self.draft_cost.observe(depth, sum(lengths), draft_seconds)
             proposals.update(drafted)
             for request in need_draft:
                 proposal = drafted.get(request.req_id)
                 request.num_drafts = min(request.num_drafts, len(proposal.token_ids) if proposal else 0)
                 if proposal is not None and proposal.token_probs:
                     self._token_probs[request.req_id] = proposal.token_probs
-        self.proposer_seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.proposer_seconds += seconds
+        self._note_proposing(seconds - draft_seconds)
         return proposals
+
+    def _note_proposing(self, seconds: float) -> None:
+        """A step that proposed and planned took `seconds` outside the draft model's run."""
+        if self.proposing_seconds <= 0.0:
+            self.proposing_seconds = seconds
+        else:
+            self.proposing_seconds = PROPOSING_DECAY * self.proposing_seconds + (1 - PROPOSING_DECAY) * seconds
 
     def _confidence_floors(self, drafting: list[ProposalRequest], rooms: dict[str, int], batch_size: int,
                            step_seconds: float) -> None:

@@ -69,15 +69,16 @@ def break_even_gain(step_seconds: float, batch_size: int, token_seconds: float) 
     return token_seconds * batch_size / step_seconds
 
 
-def gate_shut(standing: Iterable[float], step_seconds: float, cheapest_token_seconds: float,
+def gate_shut(standing: Iterable[float], step_seconds: float, cheapest_plan_seconds: float,
               tolerance: float = TOLERANCE) -> bool:
     """Whether the fairness gate lets no drafted token through, whatever is proposed: the least
-    standing gain (with the tolerance) pays less than the cheapest verified token, so any plan
-    in which another request drafts is trimmed to nothing (plan_step). The one plan missed is the
-    least standing request drafting alone, which the others' standing might pay for: rare, and
-    missing it only drafts less. Alone (fewer than two standing gains), never shut."""
+    standing gain (with the tolerance) pays less than the cheapest plan (one verified token, and
+    the controller's proposing and planning of it), so any plan in which another request drafts
+    is trimmed to nothing (plan_step) or costs more to find than the budget. The one plan missed
+    is the least standing request drafting alone, which the others' standing might pay for: rare,
+    and missing it only drafts less. Alone (fewer than two standing gains), never shut."""
     values = list(standing)
-    return len(values) >= 2 and step_seconds * (min(values) + tolerance) < cheapest_token_seconds
+    return len(values) >= 2 and step_seconds * (min(values) + tolerance) < cheapest_plan_seconds
 
 
 def worth(candidate: Candidate, step_seconds: float, batch_size: int) -> tuple[int, float]:

@@ -513,6 +513,28 @@ def test_before_the_step_price_is_known_one_draft_each_and_no_runners_up() -> No
     assert len(spec.propose([single], batch_size=1)["a"].token_ids) > 1 and single.num_alternatives > 0
 
 
+@pytest.mark.parametrize("proposing_seconds", [0.0, 0.002])
+def test_the_fairness_gate_prices_proposing_itself(proposing_seconds: float) -> None:
+    """In a batch, a step whose fairness budget buys one verified token but not also the
+    proposing and planning of it (measured: proposing_seconds, a decaying mean of the steps that
+    proposed) runs no proposer at all: at 8 chat streams the suffix index, the vote and the plan
+    took ~0.4 ms a step to draft a token now and then."""
+    spec, _ = controller("suffix")  # a step of 38 ms at batch 8, a verified token 1 ms
+    for i in range(8):
+        spec._standing[f"r{i}"] = controller_module.TokensPerStep(tokens=0.04 * 20, steps=20.0)
+    spec.proposing_seconds = proposing_seconds
+    calls = []
+    propose = spec.suffix.propose
+    spec.suffix.propose = lambda requests, cap: calls.append(len(requests)) or propose(requests, cap)
+    proposals = spec.propose([request(f"r{i}", REPEATING) for i in range(8)], batch_size=8)
+    # The budget: 38 ms x (standing ~0.038 + the 2% tolerance) = 2.2 ms.
+    if proposing_seconds:  # 1 ms + 2 ms does not fit
+        assert calls == [] and not any(p.token_ids for p in proposals.values())
+    else:
+        assert calls == [8] and sum(len(p.token_ids) for p in proposals.values()) == 2
+        assert spec.proposing_seconds > 0  # measured
+
+
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_suffix_and_draft_model_have_caps_of_their_own(adaptive: bool) -> None:
     """num_suffix_tokens caps suffix drafts, num_speculative_tokens the draft model's, each
