@@ -149,9 +149,6 @@ class EagleProposer:
         (req_id, prompt ids, output ids (this step's tokens included), block ids, number of its
         scheduled positions whose states are verified). Buffers them; runs the head over the
         requests that reached FLUSH_TOKENS (and finished requests' leftovers)."""
-        # One copy of the step's states in the head's dtype (the step's tensor is not ours);
-        # each request's chunk is a view of it (8 copies a step cost ~0.1 ms at 8 streams here).
-        step_states: torch.Tensor | None = None  # [num_tokens, hidden]
         for i, (req_id, prompt, output, blocks, num_valid) in enumerate(requests):
             first = query_start_loc[i]
             start = int(positions[first])
@@ -164,9 +161,10 @@ class EagleProposer:
                 # Nothing buffered, or a gap (the request was preempted and recomputes): the
                 # request's positions before `start` are as the last pass left them.
                 buffered = self._buffered[req_id] = _Buffered(start, blocks, prompt, output)
-            if step_states is None:
-                step_states = hidden.to(self.dtype, copy=True)
-            buffered.states.append(step_states[first: first + count])
+            # A copy of its own rows (the step's tensor is not ours), in the head's dtype: a view
+            # of one copy of the whole step would keep every request's rows, prefill chunks
+            # included, alive while any one request's buffer waits (up to FLUSH_TOKENS steps).
+            buffered.states.append(hidden[first: first + count].to(self.dtype, copy=True))
             buffered.count += count
             self._newest.pop(req_id, None)  # stale: newer positions wait in the buffer
         due = [req_id for req_id, b in self._buffered.items() if b.count >= FLUSH_TOKENS]
