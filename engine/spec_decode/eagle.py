@@ -40,7 +40,7 @@ it is guessing.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -82,10 +82,8 @@ class _Buffered:
         """(positions [start, start + count - 1), the newest position alone); count >= 2."""
         states = torch.cat(self.states)  # [count, hidden]
         last = self.count - 1
-        return (_Buffered(self.start, self.block_ids, self.prompt_token_ids, self.output_token_ids,
-                          [states[:last]], last),
-                _Buffered(self.start + last, self.block_ids, self.prompt_token_ids, self.output_token_ids,
-                          [states[last:]], 1))
+        return (replace(self, states=[states[:last]], count=last),
+                replace(self, start=self.start + last, states=[states[last:]], count=1))
 
 
 class EagleProposer:
