@@ -1,7 +1,8 @@
 """The EAGLE head: the engine's paged form (engine/spec_decode/eagle.py) computes what the
 training form (drafts/eagle.py) computes, through the exported folder; buffered positions run
 in chunks equal one pass over the whole context; drafts roll out the predicted states exactly;
-a finished request's last positions get head KV for later prefix hits."""
+a finished request's last positions get head KV for later prefix hits; buffers share flush
+passes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.calibration import ConfidenceCalibration
 from engine.spec_decode.draft_model import load_draft_model
-from engine.spec_decode.eagle import FLUSH_TOKENS, SPLIT_ROWS, EagleProposer
+from engine.spec_decode.eagle import FLUSH_TOKENS, RIDE_TOKENS, SPLIT_ROWS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 
 VOCAB = 4096
@@ -46,11 +47,25 @@ def _proposer(draft) -> EagleProposer:
 
 
 def _observe(proposer: EagleProposer, ids: list[int], states: torch.Tensor, start: int, end: int,
-             req_id: str = "r") -> None:
+             req_id: str = "r", blocks: list[int] | None = None) -> None:
     """One target step that computed positions [start, end) of a request whose prompt is ids."""
     positions = np.arange(start, end)
     proposer.observe(states[start:end], positions, [0, end - start],
-                     [(req_id, ids, [], list(range(8)), end - start)])
+                     [(req_id, ids, [], list(range(8)) if blocks is None else blocks, end - start)])
+
+
+def _count_passes(proposer: EagleProposer) -> list[list[tuple[int, int]]]:
+    """Records each pass's chunks as (start, count)."""
+    passes: list[list[tuple[int, int]]] = []
+    inner = proposer._pass
+
+    def recording(chunks, **kwargs):
+        if chunks:
+            passes.append([(c.start, c.count) for c in chunks])
+        return inner(chunks, **kwargs)
+
+    proposer._pass = recording
+    return passes
 
 
 def _expected_states(head: TrainableEagle, ids: list[int], states: torch.Tensor) -> torch.Tensor:
@@ -187,6 +202,48 @@ def test_finished_requests_leave_head_kv_for_prefix_hits(setup) -> None:
     position, state = proposer._newest["s"]
     assert position == len(ids) - 2
     torch.testing.assert_close(state, expected[len(ids) - 2], atol=2e-4, rtol=2e-4)
+
+
+def test_buffers_ride_along_in_another_requests_flush(setup) -> None:
+    head, draft, ids, states = setup
+    length = len(ids)
+    assert length - 1 >= FLUSH_TOKENS
+    proposer = _proposer(draft)
+    passes = _count_passes(proposer)
+    _observe(proposer, ids, states, 0, RIDE_TOKENS - 1, req_id="short", blocks=[6, 7])
+    _observe(proposer, ids, states, 0, 21, req_id="r", blocks=[0, 1, 2])
+    assert passes == []  # nothing due yet
+    _observe(proposer, ids, states, 0, length, req_id="s", blocks=[3, 4, 5])
+    # s is due; r (21 buffered) rides along in the same pass; "short" (under RIDE_TOKENS) waits.
+    assert passes == [[(0, 20), (0, length - 2)]]
+    assert proposer._buffered["r"].start == 20 and proposer._buffered["r"].count == 1
+    assert proposer._buffered["short"].count == RIDE_TOKENS - 1
+    expected = _expected_states(head, ids, states)
+    proposer._catch_up(["r", "s"])
+    torch.testing.assert_close(proposer._newest["r"][1], expected[20], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(proposer._newest["s"][1], expected[length - 2], atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_finished_leftovers_share_a_pass_unless_their_blocks_are_rewritten(setup, reused: bool) -> None:
+    head, draft, ids, states = setup
+    proposer = _proposer(draft)
+    passes = _count_passes(proposer)
+    _observe(proposer, ids[:11], states[:11], 0, 11, blocks=[0, 1, 2])  # positions 0..9 buffered
+    proposer.finish("r", [ids[11]])
+    assert passes == []  # fewer than FLUSH_TOKENS leftovers wait for the next pass
+    # Another text (the head is a function of its tokens and states): in the finished request's
+    # blocks once they went to it, or in blocks of its own.
+    other_ids, other_states = ids[::-1], states.flip(0)
+    length = len(other_ids)
+    _observe(proposer, other_ids, other_states, 0, length, req_id="s", blocks=[0, 1, 2] if reused else [3, 4, 5])
+    if reused:  # the finished request's writes first, in a pass of their own: the new owner's win
+        assert passes == [[(0, 10)], [(0, length - 2)]]
+    else:
+        assert passes == [[(0, 10), (0, length - 2)]]
+    proposer._catch_up(["s"])
+    expected = _expected_states(head, other_ids, other_states)
+    torch.testing.assert_close(proposer._newest["s"][1], expected[length - 2], atol=2e-4, rtol=2e-4)
 
 
 def test_no_drafts_without_an_observed_state(setup) -> None:
