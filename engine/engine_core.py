@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from engine.config import EngineConfig
 from engine.core.block_hash import make_block_hasher
@@ -246,3 +247,20 @@ class EngineCore:
         # step), or their outputs would join the suffix index after it was cleared.
         self.runner.execute_model(self.scheduler.schedule())
         self.runner.spec.reset()
+
+    def set_speculative_method(self, method: str) -> None:
+        """Switches an idle engine to another speculative method ("none", "draft", "suffix",
+        "hybrid"; one with a draft model needs the engine built with one), starting speculation
+        afresh: new proposers, nothing learnt. The prefix cache is emptied too, since steps
+        without the draft model leave its KV behind the target's for the same blocks."""
+        if self.scheduler.has_unfinished_requests():
+            raise RuntimeError("set_speculative_method needs an idle engine: requests are running")
+        # Finished requests reach the runner with the next step: hand them over first.
+        self.runner.execute_model(self.scheduler.schedule())
+        self.runner.set_speculative_method(method)
+        speculative = self.runner.speculative_config
+        self.config = replace(self.config, speculative=speculative)
+        self.scheduler.num_lookahead_tokens = (speculative.num_speculative_tokens if speculative.uses_draft_model
+                                               else 0)
+        if not self.scheduler.reset_prefix_cache():  # (idle: no block is in use)
+            raise RuntimeError("set_speculative_method could not empty the prefix cache")

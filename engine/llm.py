@@ -165,6 +165,13 @@ class LLM:
         pooled acceptance, measured costs), as in a fresh engine: for side-by-side benchmarks."""
         self.engine.reset_speculation()
 
+    def set_speculative_method(self, method: str) -> None:
+        """Switches to another speculative method between requests ("none", "draft", "suffix",
+        "hybrid"; "draft" and "hybrid" need the engine built with a draft model, i.e. with
+        speculative="draft" or "hybrid"), as in a fresh engine built with it: speculation starts
+        over and the prefix cache is emptied. Lets one engine run every method in turn."""
+        self.engine.set_speculative_method(method)
+
     # ---- internals ---------------------------------------------------------------------------
     def _tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

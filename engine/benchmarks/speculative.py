@@ -13,7 +13,10 @@ method, loaded once; every method runs the same group of requests at once, their
 interleaved (one step of each in turn) and each method's time the sum of its own steps, so this
 machine's drift (tens of percent within seconds) hits every method alike; each round starts every
 engine afresh (empty prefix cache, speculation reset: no suffix index of another round's
-answers). Output tokens/s over each method's own step time (median over rounds), speedup over
+answers). With plain methods (no METHOD/N or METHOD@DTYPE) every engine is built with what all
+of them need and switched to another method each round (LLM.set_speculative_method), so each
+method runs on a different engine every round: engines doing the same work differ by a steady
+few percent of their own. Output tokens/s over each method's own step time (median over rounds), speedup over
 "none" (the median of the per-round ratios, and their range), acceptance rate (accepted /
 drafted) and mean accepted length per verification, and the share of runner time spent
 proposing. A control, a second engine without speculation measured like the methods, shows the
@@ -34,7 +37,7 @@ import time
 import torch
 
 from engine.benchmarks.docs_section import write_section
-from engine.config import DTYPES
+from engine.config import DTYPES, SPECULATIVE_METHODS
 from engine.llm import LLM
 from engine.model.resolve import EMBEDDED_MODEL_NAME
 from engine.protocol import AddRequest
@@ -228,9 +231,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--kv-cache-memory", default="1GiB", help="KV budget of each method's engine")
     parser.add_argument("--rounds", type=int, default=3, help="single-stream rounds (medians over them)")
-    parser.add_argument("--batched-rounds", type=int, default=5,
+    parser.add_argument("--batched-rounds", type=int, default=6,
                         help="rounds at more than one stream (a round there is one or two groups of "
-                             "requests, so it takes more of them to steady a median)")
+                             "requests, so it takes more of them to steady a median; with the control, "
+                             "6 runs each method once on each of the 6 engines)")
     parser.add_argument("--no-control", action="store_true",
                         help=f"skip the control ('{CONTROL}': a second engine without speculation, whose "
                              f"speedup over 'none' shows the run's noise floor)")
@@ -255,7 +259,20 @@ def main(argv: list[str] | None = None) -> None:
     # engines side by side, 6 rounds, in either load order; cause not found), which favoured
     # every method over "none", loaded first: a throwaway engine takes that place.
     throwaway = _load("none", args)
-    engines = {method: _load("none" if method == CONTROL else method, args) for method in methods}
+    # Engines that do the same work also differ by themselves, each by its own steady amount
+    # (six engines without speculation, 8 chat streams, bf16, 2026-12-03: up to 5% apart over a
+    # run, the same one ahead in every round). When every method is a plain one, every engine is
+    # built with all the parts the methods need and, round by round, switched to each method in
+    # turn (LLM.set_speculative_method), so that a method's rounds run on different engines and
+    # no method keeps a fast or a slow one.
+    rotate = all(method in SPECULATIVE_METHODS or method == CONTROL for method in methods)
+    if rotate:
+        built = ("hybrid" if any(m in ("draft", "hybrid") for m in methods)
+                 else "suffix" if "suffix" in methods else "none")
+        instances = [_load(built, args) for _ in methods]
+        engines = dict(zip(methods, instances))
+    else:
+        engines = {method: _load("none" if method == CONTROL else method, args) for method in methods}
     del throwaway
     reference_llm = engines["none"]
     dtype = str(reference_llm.engine.runner.dtype).removeprefix("torch.")
@@ -265,22 +282,26 @@ def main(argv: list[str] | None = None) -> None:
     samples: dict[tuple[str, str, int], list[dict]] = {}
     rotation = 0
     for round_index in range(max(args.rounds, args.batched_rounds)):
-        for name in names:
+        for cell, (name, streams) in enumerate((n, st) for n in names for st in stream_counts):
             prompts = prompts_by_workload[name][: args.num_prompts]
-            for streams in stream_counts:
-                if round_index >= (args.rounds if streams == 1 else args.batched_rounds):
-                    continue
-                measured = _measure_round(engines, prompts, streams, params, rotation)
-                rotation += 1
-                reference = measured["none"][1]
-                for method, (sample, outputs) in measured.items():
-                    if outputs != reference and dtype == "float32":
-                        raise RuntimeError(f"{method} changed the greedy output of {name} at {streams} streams")
-                    # In bf16 a verification forward over k + 1 tokens rounds differently from k + 1
-                    # one-token forwards, so a near-tie may flip the argmax: counted, not an error.
-                    sample["identical"] = sum(a == b for a, b in zip(outputs, reference))
-                    sample["num_outputs"] = len(outputs)
-                    samples.setdefault((method, name, streams), []).append(sample)
+            if round_index >= (args.rounds if streams == 1 else args.batched_rounds):
+                continue
+            if rotate:  # each round, every method on the next engine
+                shift = round_index + cell
+                engines = {method: instances[(k + shift) % len(instances)] for k, method in enumerate(methods)}
+                for method, llm in engines.items():
+                    llm.set_speculative_method("none" if method == CONTROL else method)
+            measured = _measure_round(engines, prompts, streams, params, rotation)
+            rotation += 1
+            reference = measured["none"][1]
+            for method, (sample, outputs) in measured.items():
+                if outputs != reference and dtype == "float32":
+                    raise RuntimeError(f"{method} changed the greedy output of {name} at {streams} streams")
+                # In bf16 a verification forward over k + 1 tokens rounds differently from k + 1
+                # one-token forwards, so a near-tie may flip the argmax: counted, not an error.
+                sample["identical"] = sum(a == b for a, b in zip(outputs, reference))
+                sample["num_outputs"] = len(outputs)
+                samples.setdefault((method, name, streams), []).append(sample)
 
     lines = [
         "| workload | streams | method | output tokens/s | speedup | speedup range | wall-clock speedup | acceptance "
@@ -314,10 +335,12 @@ def main(argv: list[str] | None = None) -> None:
                              f"{acc} | {mal} | {share:.0%} | "
                              f"{identical}/{total} |")
     table = "\n".join(lines)
+    rotation_note = (" (each engine built with the parts every method needs and switched to another method "
+                     "every round, so each method's rounds ran on different engines)" if rotate else "")
     header = (f"Greedy, max_tokens={args.max_tokens}, num_speculative_tokens={args.num_speculative_tokens} "
               f"(draft model), num_suffix_tokens={args.num_suffix_tokens} (suffix), "
               f"adaptive, {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; one engine "
-              f"per method, every method running the same group at once (a group: one prompt at 1 stream, all the "
+              f"per method{rotation_note}, every method running the same group at once (a group: one prompt at 1 stream, all the "
               f"streams' prompts submitted together otherwise), the engines' steps interleaved one by one and "
               f"each method's seconds the sum of its own steps; tokens/s: the median over {args.rounds} rounds at 1 "
               f"stream and {args.batched_rounds} at more; speedup: the median of the per-round ratios to none, "

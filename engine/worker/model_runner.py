@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -123,6 +124,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
 
         self.speculative_config = speculative_config or SpeculativeConfig()
+        self._draft_model_name = self.speculative_config.draft_model
         self.draft = None
         self.draft_dtype = self.dtype
         self._draft_kv_bytes_per_block = 0
@@ -190,17 +192,37 @@ class ModelRunner:
             self._first_scratch_block = num_blocks
         self.kv_caches = allocate_kv_caches(
             self.kv_spec, num_blocks + (SCRATCH_BLOCKS if self._first_scratch_block is not None else 0), self.device)
+        self.num_blocks = num_blocks
+        self._build_speculation()
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
+                    num_blocks * self.kv_spec.bytes_per_block / 2**20)
+
+    def _build_speculation(self) -> None:
+        """A fresh controller and proposers for speculative_config (None without speculation)."""
+        config = self.speculative_config
+        self.spec = None
         if config.enabled:
             draft_proposer = None
-            if self.draft is not None:
-                draft_proposer = self._draft_proposer_class(self.draft, num_blocks=num_blocks,
+            if config.uses_draft_model:
+                draft_proposer = self._draft_proposer_class(self.draft, num_blocks=self.num_blocks,
                                                             block_size=self.block_size, device=self.device,
                                                             dtype=self.draft_dtype)
             suffix = (SuffixProposer(max_drafts=config.num_suffix_tokens) if config.method in ("suffix", "hybrid")
                       else None)
             self.spec = SpeculationController(config, suffix=suffix, draft=draft_proposer)
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
-                    num_blocks * self.kv_spec.bytes_per_block / 2**20)
+
+    def set_speculative_method(self, method: str) -> None:
+        """Another speculative method for an idle runner, with fresh proposers (a draft model's
+        KV starts over); one that needs a draft model needs the runner to have loaded one."""
+        uses_draft = method in ("draft", "hybrid")
+        # (checks the name; the draft's name is kept for the methods that use it, as built)
+        config = replace(self.speculative_config, method=method,
+                         draft_model=self._draft_model_name if uses_draft else None)
+        if uses_draft and self.draft is None:
+            raise ValueError(f"speculative {method!r} needs a draft model, and this engine was built without one "
+                             "(build it with speculative='draft' or 'hybrid')")
+        self.speculative_config = config
+        self._build_speculation()
 
     # ---- one step ----------------------------------------------------------------------------
     def _update_states(self, out: SchedulerOutput) -> None:

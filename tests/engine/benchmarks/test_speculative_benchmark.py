@@ -7,9 +7,21 @@ import pytest
 from engine.benchmarks.speculative import CONTROL, main
 
 
-def test_speculative_benchmark_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
+def test_speculative_benchmark_dry_run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.llm import LLM
+
+    switches: list[tuple[int, str]] = []  # (engine, method) per round and method
+    switch = LLM.set_speculative_method
+    monkeypatch.setattr(LLM, "set_speculative_method",
+                        lambda self, method: switches.append((id(self), method)) or switch(self, method))
     main(["--methods", "none,suffix", "--max-tokens", "8", "--num-prompts", "2", "--streams", "1,2", "--rounds", "1", "--batched-rounds", "2",
           "--dtype", "float32"])
+    # Plain methods: the engines take turns, so each method ran on more than one engine (and,
+    # in float32, every switched engine's outputs equalled none's: the run checks it).
+    engines_by_method: dict[str, set[int]] = {}
+    for engine, method in switches:
+        engines_by_method.setdefault(method, set()).add(engine)
+    assert len(engines_by_method["suffix"]) >= 2 and len({engine for engine, _ in switches}) == 3
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| agent")]
     assert len(rows) == 6  # 2 stream counts x (2 methods and the control)
     assert all(float(row.split("|")[4]) > 0 for row in rows)

@@ -10,6 +10,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import SpeculativeConfig
 from engine.model.resolve import SHIPPED_DRAFT_DIR, embedded_gguf_path
+from engine.protocol import AddRequest
 from engine.worker.model_runner import auto_dtype, resolve_draft_dtype
 
 PROMPTS = [
@@ -151,6 +152,56 @@ def test_reset_speculation_restores_a_fresh_engines_drafting() -> None:
     llm.reset_prefix_cache()
     llm.reset_speculation()
     assert drafted_and_accepted() == fresh
+
+
+def test_one_engine_runs_every_method_in_turn_as_a_fresh_engine_would(reference: list[list[int]],
+                                                                      eagle_head: str) -> None:
+    """set_speculative_method: an engine built with hybrid switches between requests to each
+    method, with the same greedy output, and drafts what a fresh engine built with it drafts
+    (not adaptive: adaptive drafting depends on measured step times): exactly for suffix, whose
+    index no longer holds the earlier runs' outputs; for the untrained head, whose logits are
+    near ties, within rounding (its drafts move by a few tokens with where a request's blocks
+    lie, as on one engine's successive runs). An engine built without a draft model refuses the
+    methods that need one; a busy engine refuses to switch."""
+    options = dict(dtype="float32", draft=eagle_head, num_speculative_tokens=4, draft_dtype="float32",
+                   adaptive_speculation=False, kv_cache_memory="64MiB")
+
+    def drafted_and_accepted(llm: LLM) -> tuple[int, int]:
+        before = llm.stats()
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
+        after = llm.stats()
+        return (after.spec_num_draft_tokens - before.spec_num_draft_tokens,
+                after.spec_num_accepted_tokens - before.spec_num_accepted_tokens)
+
+    switching = LLM(speculative="hybrid", **options)
+    drafted_and_accepted(switching)  # its prefix cache and suffix index now hold these prompts' runs
+    for method in ("none", "draft", "suffix", "hybrid", "draft"):
+        built = options if method in ("draft", "hybrid") else {**options, "draft": None}
+        fresh = drafted_and_accepted(LLM(speculative=method, **built))
+        head = switching.engine.runner.spec.draft if switching.engine.runner.spec is not None else None
+        switching.set_speculative_method(method)
+        spec = switching.engine.runner.spec
+        assert (spec is None) == (method == "none")
+        if method in ("draft", "hybrid"):
+            assert spec.draft is not head and not spec.draft._buffered  # fresh: its KV starts over
+        switched = drafted_and_accepted(switching)
+        if method == "suffix":
+            assert switched == fresh
+        else:
+            assert abs(switched[0] - fresh[0]) <= 0.02 * fresh[0]
+        assert (fresh[0] > 0) == (method != "none")
+        assert switching.engine.scheduler.num_lookahead_tokens == (4 if method in ("draft", "hybrid") else 0)
+    plain = LLM(dtype="float32", kv_cache_memory="64MiB")
+    with pytest.raises(ValueError, match="needs a draft model"):
+        plain.set_speculative_method("hybrid")
+    plain.set_speculative_method("suffix")
+    assert drafted_and_accepted(plain)[0] > 0
+    with pytest.raises(ValueError, match="speculative"):
+        plain.set_speculative_method("medusa")
+    switching.engine.add_request(AddRequest(request_id="busy", prompt_token_ids=[1, 2, 3], sampling_params=GREEDY,
+                                            arrival_time=0.0))
+    with pytest.raises(RuntimeError, match="idle engine"):
+        switching.set_speculative_method("none")
 
 
 def test_seeded_sampled_requests_decode_as_without_speculation() -> None:
