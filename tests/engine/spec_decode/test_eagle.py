@@ -231,7 +231,7 @@ def test_finished_leftovers_share_a_pass_unless_their_blocks_are_rewritten(setup
     passes = _count_passes(proposer)
     _observe(proposer, ids[:11], states[:11], 0, 11, blocks=[0, 1, 2])  # positions 0..9 buffered
     proposer.finish("r", [ids[11]])
-    assert passes == []  # fewer than FLUSH_TOKENS leftovers wait for the next pass
+    assert passes == []  # they run in the next step's pass
     # Another text (the head is a function of its tokens and states): in the finished request's
     # blocks once they went to it, or in blocks of its own.
     other_ids, other_states = ids[::-1], states.flip(0)
