@@ -16,10 +16,10 @@ engine afresh (empty prefix cache, speculation reset: no suffix index of another
 answers). With plain methods (no METHOD/N or METHOD@DTYPE) every engine is built with what all
 of them need and switched to another method each round (LLM.set_speculative_method), so each
 method runs on a different engine every round: engines doing the same work differ by a steady
-few percent of their own. Output tokens/s over each method's own step time (median over rounds), speedup over
-"none" (the median of the per-round ratios, and their range), acceptance rate (accepted /
-drafted) and mean accepted length per verification, and the share of runner time spent
-proposing. A control, a second engine without speculation measured like the methods, shows the
+few percent of their own. Output tokens/s over each method's own step time (median over
+rounds), speedup over "none" (the median of the per-round ratios, and their range), acceptance
+rate (accepted / drafted) and mean accepted length per verification, and the share of runner
+time spent proposing. A control, a second engine without speculation measured like the methods, shows the
 run's noise floor: its speedup over "none" would be 1.00x on a steady machine (--no-control
 skips it).
 """

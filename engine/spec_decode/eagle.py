@@ -186,9 +186,9 @@ class EagleProposer:
             self.pass_seconds += time.perf_counter() - started
 
     def _take_riders(self) -> list[_Buffered]:
-        """The older positions of every buffer with RIDE_TOKENS or more, taken
-        out for a KV-only pass: the newest position stays buffered, so a later draft's catch-up
-        is a full pass over it, and nothing reads the others' outputs."""
+        """The older positions of every buffer with RIDE_TOKENS or more, taken out for a KV-only
+        pass: the newest position stays buffered, so a later draft's catch-up is a full pass over
+        it, and nothing reads the others' outputs."""
         heads = []
         for req_id, buffered in self._buffered.items():
             if buffered.count >= RIDE_TOKENS:
