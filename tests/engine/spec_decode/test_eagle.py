@@ -224,6 +224,18 @@ def test_buffers_ride_along_in_another_requests_flush(setup) -> None:
     torch.testing.assert_close(proposer._newest["s"][1], expected[length - 2], atol=2e-4, rtol=2e-4)
 
 
+def test_a_drafts_catch_up_takes_no_riders(setup) -> None:
+    """The controller bills a catch-up to the draft model: other requests' upkeep stays out."""
+    _, draft, ids, states = setup
+    proposer = _proposer(draft)
+    passes = _count_passes(proposer)
+    _observe(proposer, ids, states, 0, 21, req_id="r", blocks=[0, 1, 2])
+    _observe(proposer, ids, states, 0, 11, req_id="s", blocks=[3, 4, 5])
+    proposer._catch_up(["s"])
+    assert passes == [[(0, 10)], [(10, 1)]]  # s's older positions (KV only), then its newest
+    assert proposer._buffered["r"].count == 21
+
+
 @pytest.mark.parametrize("reused", [False, True])
 def test_finished_leftovers_share_a_pass_unless_their_blocks_are_rewritten(setup, reused: bool) -> None:
     head, draft, ids, states = setup
