@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import replace
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SpeculativeConfig
 from engine.core.block_hash import make_block_hasher
 from engine.core.scheduler import RequestRejectedError, Scheduler
 from engine.core.session_retention import SessionTurns
@@ -52,11 +52,9 @@ class EngineCore:
         # Cache keys are seeded per model, so two models never share prefix-cache entries.
         self.block_hash_seed = f"{resolved.path}|{self.runner.dtype}"
         self._block_hasher = make_block_hasher(block_size, seed=self.block_hash_seed)
-        # A draft model writes its own proposals' KV past the drafted range: reserve those slots.
-        lookahead = config.speculative.num_speculative_tokens if config.speculative.uses_draft_model else 0
         self.scheduler = Scheduler(
             config.scheduler, config.cache, num_blocks=num_blocks, max_model_len=self.max_model_len,
-            num_lookahead_tokens=lookahead,
+            num_lookahead_tokens=_lookahead_tokens(config.speculative),
         )
         # Agent turns to retain when they end in a tool call, and grammar-constrained requests.
         self.session_turns = SessionTurns(self.scheduler.kv_cache_manager.retention, block_size)
@@ -260,7 +258,12 @@ class EngineCore:
         self.runner.set_speculative_method(method)
         speculative = self.runner.speculative_config
         self.config = replace(self.config, speculative=speculative)
-        self.scheduler.num_lookahead_tokens = (speculative.num_speculative_tokens if speculative.uses_draft_model
-                                               else 0)
+        self.scheduler.num_lookahead_tokens = _lookahead_tokens(speculative)
         if not self.scheduler.reset_prefix_cache():  # (idle: no block is in use)
             raise RuntimeError("set_speculative_method could not empty the prefix cache")
+
+
+def _lookahead_tokens(speculative: SpeculativeConfig) -> int:
+    """KV slots to reserve past each scheduled range: a draft model writes its own proposals'
+    KV past the drafted range."""
+    return speculative.num_speculative_tokens if speculative.uses_draft_model else 0

@@ -214,13 +214,12 @@ class ModelRunner:
     def set_speculative_method(self, method: str) -> None:
         """Another speculative method for an idle runner, with fresh proposers (a draft model's
         KV starts over); one that needs a draft model needs the runner to have loaded one."""
-        uses_draft = method in ("draft", "hybrid")
-        # (checks the name; the draft's name is kept for the methods that use it, as built)
-        config = replace(self.speculative_config, method=method,
-                         draft_model=self._draft_model_name if uses_draft else None)
-        if uses_draft and self.draft is None:
-            raise ValueError(f"speculative {method!r} needs a draft model, and this engine was built without one "
-                             "(build it with speculative='draft' or 'hybrid')")
+        config = replace(self.speculative_config, method=method, draft_model=None)  # checks the name
+        if config.uses_draft_model:
+            if self.draft is None:
+                raise ValueError(f"speculative {method!r} needs a draft model, and this engine was built "
+                                 "without one (build it with speculative='draft' or 'hybrid')")
+            config = replace(config, draft_model=self._draft_model_name)  # the draft's name, as built
         self.speculative_config = config
         self._build_speculation()
 
