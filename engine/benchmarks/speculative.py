@@ -42,6 +42,7 @@ from engine.llm import LLM
 from engine.model.resolve import EMBEDDED_MODEL_NAME
 from engine.protocol import AddRequest
 from engine.sampling_params import SamplingParams
+from kernels.onednn_linear import onednn_bf16_available
 
 # A second engine without speculation, measured like the methods: how far its speedup over "none"
 # strays from 1.00x is the run's noise (bf16 on this machine, 2026-12-01: per round 0.97-1.02x at
@@ -357,7 +358,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def _write_docs(header: str, table: str, argv: list[str] | None, section: str, dtype: str) -> None:
     command = "python -m engine.benchmarks.speculative " + " ".join(sys.argv[1:] if argv is None else argv)
-    machine = f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}"
+    # The vector ISA and native bf16 decide what drafts and verification rows cost (an AVX2-only
+    # EPYC runs float32 with a verified row several times dearer than an AVX512-BF16 one in bf16).
+    isa = torch.backends.cpu.get_cpu_capability()
+    bf16 = "native bf16" if onednn_bf16_available() else "no native bf16"
+    machine = f"{platform.machine()} ({isa}, {bf16}), {os.cpu_count()} CPU threads, torch {torch.__version__}"
     if dtype == "float32":
         note = ("In float32 every method's outputs equal those of 'none' (the run checks it), so each ratio "
                 "compares the time of the very same tokens.")
