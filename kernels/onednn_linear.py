@@ -62,7 +62,7 @@ def prepack(
 
 def onednn_linear(
     x: torch.Tensor,  # [..., K], the packed weight's dtype
-    packed: torch.Tensor,  # from prepack, [N, K]
+    packed: torch.Tensor,  # from prepack, [N, K]; or a plain [N, K] weight, reordered by oneDNN per call
     bias: torch.Tensor | None = None,  # [N], the same dtype
 ) -> torch.Tensor:  # [..., N], the same dtype
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

@@ -1,6 +1,7 @@
 """float32 linears on the CPU at the embedded model's shapes: F.linear, the few-row W @ x^T path
-(kernels/small_rows_linear.py) and oneDNN's prepacked product (kernels/onednn_linear.py, the
-engine's default on CPUs), side by side in one run.
+(MKL, kernels/small_rows_linear.py's fallback), oneDNN's prepacked product
+(kernels/onednn_linear.py) and the compiled few-row kernel (kernels/cpu/skinny_linear.cpp, which
+the engine uses for up to 16 rows on AVX2 CPUs), side by side in one run.
 
     python -m engine.benchmarks.cpu_linear [--threads 2] [--rows 1,2,4,8,16,32,512] [--write-docs]
 
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from engine.benchmarks.docs_section import write_section
 from kernels import small_rows_linear
+from kernels.cpu import cpu_kernels
 from kernels.onednn_linear import onednn_available, onednn_linear, prepack
 
 # (name, out_features, in_features): SmolLM2-135M's linears (q/k/v and gate/up fused, as the
@@ -40,8 +42,10 @@ SHAPES = [
 CACHE_BYTES = 256 * 2**20  # more than any last-level cache this runs on
 
 
-def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, float, float]]:
-    """(shape, rows, F.linear ms, W @ x^T path ms, oneDNN ms) medians."""
+def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, float, float, float]]:
+    """(shape, rows, F.linear ms, W @ x^T path ms, oneDNN ms, compiled kernel ms) medians; the last
+    is nan without the compiled kernels."""
+    compiled = cpu_kernels()
     results = []
     generator = torch.Generator().manual_seed(0)
     for name, n, k in SHAPES:
@@ -50,9 +54,11 @@ def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, f
         packed = [prepack(w) for w in weights]
         for rows in rows_list:
             x = torch.randn(rows, k, generator=generator)
-            paths = (lambda j: F.linear(x, weights[j]),  # (in the order of the result's columns)
-                     lambda j: small_rows_linear.linear(x, weights[j]),
-                     lambda j: onednn_linear(x, packed[j]))
+            paths = [lambda j: F.linear(x, weights[j]),  # (in the order of the result's columns)
+                     lambda j: small_rows_linear.mkl_linear(x, weights[j]),
+                     lambda j: onednn_linear(x, packed[j])]
+            if compiled is not None:
+                paths.append(lambda j: compiled.skinny_linear(x, weights[j]))
             samples: list[list[float]] = [[] for _ in paths]
             calls = 0  # every call takes the next copy: none finds its weight in the cache
             with torch.inference_mode():
@@ -64,25 +70,28 @@ def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, f
                         path(j)
                         if i >= 2:
                             times.append(time.perf_counter() - started)
-            results.append((name, rows, *(1e3 * statistics.median(times) for times in samples)))
+            medians = [1e3 * statistics.median(times) for times in samples]
+            results.append((name, rows, *medians, *([float("nan")] * (4 - len(medians)))))
             print(f"{name} {rows} rows: " + " / ".join(f"{v:.3f}" for v in results[-1][2:]) + " ms", flush=True)
     return results
 
 
-def table(results: list[tuple[str, int, float, float, float]], args: argparse.Namespace) -> str:
+def table(results: list[tuple[str, int, float, float, float, float]], args: argparse.Namespace) -> str:
     lines = [
-        f"Medians of {args.repeats} calls, {args.threads} threads, weights cycled from memory; ms, and "
-        "F.linear's time over oneDNN's. W @ x^T: kernels/small_rows_linear.py (2-32 rows as W @ x^T, "
-        "else F.linear), the float32 path before prepacking.",
+        f"Medians of {args.repeats} calls, {args.threads} threads, weights cycled from memory; ms. W @ x^T: "
+        "kernels/small_rows_linear.py's MKL fallback (2-32 rows as W @ x^T, else F.linear). Few-row kernel: "
+        "kernels/cpu/skinny_linear.cpp, the engine's float32 path for up to 16 rows on AVX2 CPUs "
+        f"({'used' if small_rows_linear.skinny_enabled() else 'not used'} on this one).",
         "",
-        "| linear | out x in | rows | F.linear ms | W @ x^T path ms | oneDNN prepacked ms | F.linear / oneDNN |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| linear | out x in | rows | F.linear ms | W @ x^T path ms | oneDNN prepacked ms | few-row kernel ms | "
+        "oneDNN / few-row kernel |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     shapes = {name: (n, k) for name, n, k in SHAPES}
-    for name, rows, linear, small_rows, onednn in results:
+    for name, rows, linear, small_rows, onednn, skinny in results:
         n, k = shapes[name]
         lines.append(f"| {name} | {n} x {k} | {rows} | {linear:.3f} | {small_rows:.3f} | {onednn:.3f} | "
-                     f"{linear / onednn:.2f}x |")
+                     f"{skinny:.3f} | {onednn / skinny:.2f}x |")
     return "\n".join(lines)
 
 
@@ -103,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         command = "python -m engine.benchmarks.cpu_linear " + " ".join(sys.argv[1:] if argv is None else argv)
         isa = torch.backends.cpu.get_cpu_capability()  # the widest vector ISA torch's kernels use here
         write_section("cpu-linear-benchmark",
-                      f"## float32 linears on the CPU: F.linear against oneDNN prepacked\n\n"
+                      f"## float32 linears on the CPU: F.linear, oneDNN prepacked and the few-row kernel\n\n"
                       f"Command: `{command.strip()}`\n\nMachine: {platform.machine()} ({isa}), "
                       f"{os.cpu_count()} CPU threads, torch {torch.__version__}. Measured "
                       f"{time.strftime('%Y-%m-%d')}.\n\n{text}")

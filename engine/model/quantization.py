@@ -60,7 +60,7 @@ def _build(method: str, weight: torch.Tensor, bias: torch.Tensor | None, output_
     if method == "fp8":
         return Fp8Linear(weight, bias, output_sizes, float_output=lm_head)
     if method in PREPACKED_FORMS:
-        return PackedLinear(weight, bias, output_sizes, float_output=lm_head)
+        return PackedLinear(weight, bias, output_sizes, float_output=lm_head, prepack_too=lm_head)
     raise ValueError(f"unknown execution form {method!r}")
 
 

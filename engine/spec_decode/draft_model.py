@@ -316,6 +316,9 @@ def top_draft_tokens_with_prob(draft: DraftModel, hidden: torch.Tensor,
 def _draft_logits(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, draft vocab]
     if draft.head_weight is None:
         return draft.model.compute_logits(hidden)
+    few_rows = small_rows_linear.compiled_linear(hidden, draft.head_weight)  # None: not few float32 rows
+    if few_rows is not None:
+        return few_rows
     if draft.head_packed is not None:
         return onednn_linear(hidden, draft.head_packed)
     return small_rows_linear.linear(hidden, draft.head_weight)

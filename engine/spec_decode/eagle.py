@@ -137,10 +137,10 @@ class EagleProposer:
         model = self.draft.model
         embedded = model.embed_tokens(input_ids)  # [n, hidden]
         joined = torch.cat([embedded, states.to(embedded.dtype)], dim=-1)  # [n, 2 * hidden]
-        if self.draft.fc_packed is not None:
-            hidden = onednn_linear(joined, self.draft.fc_packed)
-        else:
-            hidden = small_rows_linear.linear(joined, self.draft.fc_weight)
+        hidden = small_rows_linear.compiled_linear(joined, self.draft.fc_weight)  # None: not few float32 rows
+        if hidden is None:
+            hidden = (onednn_linear(joined, self.draft.fc_packed) if self.draft.fc_packed is not None
+                      else small_rows_linear.linear(joined, self.draft.fc_weight))
         cos, sin = model.rotary.cos_sin(positions, hidden.dtype)
         if kv_only:
             model.layers[0].store_kv(hidden, cos, sin, self.kv_caches[0], meta)

@@ -44,6 +44,11 @@ _SILU_MUL_ARGS = [
     _i64, _i64, _i32,  # rows, d, num_threads
     ctypes.c_char_p, _i64,  # error buffer, its length
 ]
+_SKINNY_LINEAR_ARGS = [
+    _ptr, _i64, _ptr, _ptr, _ptr,  # x, its row stride, weight, bias (or null), out
+    _i64, _i64, _i64, _i32,  # rows, out features, in features, num_threads
+    ctypes.c_char_p, _i64,  # error buffer, its length
+]
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class CpuKernels:
         self._store = self._bind("draftgate_store_kv", _STORE_ARGS)
         self._rms_norm = self._bind("draftgate_rms_norm", _RMS_NORM_ARGS)
         self._silu_mul = self._bind("draftgate_silu_mul", _SILU_MUL_ARGS)
+        self._skinny_linear = self._bind("draftgate_skinny_linear", _SKINNY_LINEAR_ARGS)
 
     def _bind(self, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
         """A C function of the library; every one returns an int status (0: success)."""
@@ -94,6 +100,13 @@ class CpuKernels:
         first = tensors[0]
         return all(t.device.type == "cpu" and t.dtype == first.dtype and t.dim() == 2 and t.stride(1) == 1
                    for t in tensors) and first.dtype in _DTYPE_CODES
+
+    @staticmethod
+    def supports_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+        """float32 CPU tensors, x 2-D with unit column stride, the weight contiguous."""
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+                and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
+                and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu")))
 
     def plan(self, query_start_loc: list[int], seq_lens: list[int], sliding_window: int | None) -> CpuAttentionPlan:
         return CpuAttentionPlan(torch.tensor(query_start_loc, dtype=torch.int32),
@@ -209,4 +222,28 @@ class CpuKernels:
                                 rows, width // 2, torch.get_num_threads(), error, _ERROR_LEN)
         if status != 0:
             raise ValueError(f"silu_mul: {error.value.decode()}")
+        return out
+
+    def skinny_linear(
+        self,
+        x: torch.Tensor,  # [rows, in_features] float32
+        weight: torch.Tensor,  # [out_features, in_features] float32, contiguous
+        bias: torch.Tensor | None = None,  # [out_features] float32
+    ) -> torch.Tensor:  # [rows, out_features] float32
+        """y = x W^T (+ b), streaming the weight once for all the rows (kernels/cpu/skinny_linear.cpp);
+        each output's summation order is independent of the row count."""
+        rows, in_features = x.shape
+        out_features = weight.shape[0]
+        if weight.dim() != 2 or weight.shape[1] != in_features or (bias is not None and bias.shape != (out_features,)):
+            raise ValueError(f"skinny_linear: x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
+                             f"{None if bias is None else tuple(bias.shape)} do not match")
+        if bias is not None:
+            bias = bias.contiguous()
+        out = torch.empty((rows, out_features), dtype=torch.float32)
+        error = ctypes.create_string_buffer(_ERROR_LEN)
+        status = self._skinny_linear(x.data_ptr(), x.stride(0) if rows > 1 else in_features, weight.data_ptr(),
+                                     bias.data_ptr() if bias is not None else None, out.data_ptr(), rows,
+                                     out_features, in_features, torch.get_num_threads(), error, _ERROR_LEN)
+        if status != 0:
+            raise ValueError(f"skinny_linear: {error.value.decode()}")
         return out

@@ -1,0 +1,125 @@
+"""The compiled few-row float32 linear (kernels/cpu/skinny_linear.cpp): the products it computes,
+bit-identical rows whatever the batch, the portable build equal to the native one bit for bit,
+and the dispatch (kernels/small_rows_linear.py, PackedLinear) that sends few rows to it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model.layers.quant_linear import PackedLinear
+from kernels import small_rows_linear
+from kernels.cpu import CpuKernels
+from kernels.onednn_linear import onednn_available
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "cpu" / "build.py"
+FLOAT32_EPS = 2.0 ** -24  # unit roundoff
+
+
+def assert_within_rounding(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """|y - exact| <= K * u * sum_k |x_k w_k| (+ |b|) per output (plus slack): the bound any float32
+    summation order meets (Higham's, first order), so a wrong index or a dropped term fails."""
+    exact = x.double() @ weight.double().t()
+    magnitude = x.double().abs() @ weight.double().abs().t()
+    if bias is not None:
+        exact = exact + bias.double()
+        magnitude = magnitude + bias.double().abs()
+    bound = (x.shape[1] + 2) * FLOAT32_EPS * magnitude + 1e-30
+    assert bool(((y.double() - exact).abs() <= bound).all()), float(((y.double() - exact).abs() / bound).max())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, 12, 16, 17, 25])
+@pytest.mark.parametrize("in_features", [1, 7, 8, 37, 576])
+def test_products_are_dot_products_within_float32_rounding(compiled: CpuKernels, rows: int, in_features: int) -> None:
+    generator = torch.Generator().manual_seed(rows * 1000 + in_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(131, in_features, generator=generator)
+    bias = torch.randn(131, generator=generator)
+    for b in (None, bias):
+        y = compiled.skinny_linear(x, weight, b)
+        assert y.shape == (rows, 131) and y.dtype == torch.float32 and y.is_contiguous()
+        assert_within_rounding(y, x, weight, b)
+
+
+def test_large_products_use_the_threads_and_strided_rows(compiled: CpuKernels) -> None:
+    generator = torch.Generator().manual_seed(7)
+    wide = torch.randn(6, 700, generator=generator)
+    x = wide[:, 50:626]  # rows 700 apart
+    weight = torch.randn(3072, 576, generator=generator)
+    assert_within_rounding(compiled.skinny_linear(x, weight), x, weight, None)
+
+
+def test_a_row_is_bit_identical_alone_and_in_any_batch(compiled: CpuKernels) -> None:
+    """The summation order of an output does not depend on the other rows: what makes greedy
+    decoding independent of which requests share a step, up to SKINNY_MAX_ROWS rows."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(20, 577, generator=generator)  # 577: a K % 8 tail too
+    weight = torch.randn(300, 577, generator=generator)
+    bias = torch.randn(300, generator=generator)
+    alone = torch.cat([compiled.skinny_linear(x[r : r + 1], weight, bias) for r in range(20)])
+    for rows in (2, 5, 8, 9, 12, 16, 20):
+        assert torch.equal(compiled.skinny_linear(x[:rows], weight, bias), alone[:rows]), rows
+    assert torch.equal(compiled.skinny_linear(x[3:14], weight, bias), alone[3:14])
+
+
+def test_bad_shapes_raise(compiled: CpuKernels) -> None:
+    with pytest.raises(ValueError, match="do not match"):
+        compiled.skinny_linear(torch.randn(2, 8), torch.randn(4, 9))
+    with pytest.raises(ValueError, match="do not match"):
+        compiled.skinny_linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(5))
+    assert not compiled.supports_skinny_linear(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8))
+    assert not compiled.supports_skinny_linear(torch.randn(2, 8), torch.randn(8, 4).t())  # not contiguous
+    assert not compiled.supports_skinny_linear(torch.randn(8, 2).t(), torch.randn(4, 8))  # column stride 8
+
+
+def test_the_portable_build_is_bit_identical(compiled: CpuKernels, tmp_path: Path) -> None:
+    """Built with DRAFTGATE_PORTABLE (no intrinsics), the kernel sums in the same order as the
+    native build, so the two agree bit for bit."""
+    command = [sys.executable, str(BUILD_SCRIPT), "--cache-dir", str(tmp_path), "--flag=-DDRAFTGATE_PORTABLE"]
+    path = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout)["path"]
+    portable = CpuKernels(Path(path))
+    generator = torch.Generator().manual_seed(11)
+    for rows, in_features in ((1, 576), (6, 43), (13, 1536)):
+        x = torch.randn(rows, in_features, generator=generator)
+        weight = torch.randn(257, in_features, generator=generator)
+        bias = torch.randn(257, generator=generator)
+        assert torch.equal(portable.skinny_linear(x, weight, bias), compiled.skinny_linear(x, weight, bias))
+
+
+def test_dispatch_takes_few_float32_rows_only(compiled: CpuKernels) -> None:
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(64, 32, generator=generator)
+    few = torch.randn(small_rows_linear.SKINNY_MAX_ROWS, 32, generator=generator)
+    many = torch.randn(small_rows_linear.SKINNY_MAX_ROWS + 1, 32, generator=generator)
+    assert small_rows_linear.compiled_linear(many, weight) is None
+    assert small_rows_linear.compiled_linear(few.bfloat16(), weight.bfloat16()) is None
+    assert small_rows_linear.compiled_linear(few[:0], weight) is None
+    taken = small_rows_linear.compiled_linear(few, weight)
+    if small_rows_linear.skinny_enabled():  # AVX2 CPUs: the kernel's own result, bit for bit
+        assert taken is not None and torch.equal(taken, compiled.skinny_linear(few, weight))
+        assert torch.equal(small_rows_linear.linear(few, weight), taken)
+    else:
+        assert taken is None
+
+
+@pytest.mark.skipif(not onednn_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("prepack_too", [False, True])
+def test_packed_linear_keeps_one_weight_and_computes_every_row_count(prepack_too: bool) -> None:
+    generator = torch.Generator().manual_seed(9)
+    weight = torch.randn(200, 96, generator=generator)
+    bias = torch.randn(200, generator=generator)
+    layer = PackedLinear(weight, bias, [120, 80], prepack_too=prepack_too)
+    if small_rows_linear.skinny_enabled():
+        assert layer.plain_weight is not None and (layer.packed is not None) == prepack_too
+    else:
+        assert layer.plain_weight is None and layer.packed is not None
+    assert layer.stored_bytes() == (200 * 96 + 200) * 4
+    for rows in (1, 4, 16, 17, 64):
+        x = torch.randn(rows, 96, generator=generator)
+        torch.testing.assert_close(layer(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
