@@ -4,12 +4,13 @@ Where the compiled CPU kernels built and the CPU is an AVX2 one without AVX512, 
 SKINNY_MAX_ROWS rows take kernels/cpu/skinny_linear.cpp: it streams each weight row once while
 every input row keeps its own accumulator, so 1 to 8 rows cost about what one row costs, which
 neither MKL nor oneDNN manages there. Measured on an AMD EPYC with AVX2 only (Zen 2), 2 threads,
-weights cycled from memory, medians in ms, oneDNN prepacked / this kernel:
+weights cycled from memory, medians in ms, oneDNN prepacked / this kernel (`python -m
+engine.benchmarks.cpu_linear`, docs/benchmarks.md):
 
-    rows                  1            4            8            12           16           20
-    lm_head 49152 x 576   4.62 / 3.97  6.53 / 3.97  7.60 / 4.55  8.71 / 7.27  10.0 / 9.54  11.4 / 13.3
-    gate_up 3072 x 576    0.32 / 0.28  0.44 / 0.26  0.49 / 0.32  0.54 / 0.46  0.65 / 0.62  0.72 / 0.86
-    down 576 x 1536       0.20 / 0.13  0.25 / 0.15  0.28 / 0.21  0.34 / 0.30  0.39 / 0.37  0.43 / 0.46
+    rows                  1            4            8            12           16           17
+    lm_head 49152 x 576   5.06 / 4.48  6.72 / 4.34  8.14 / 4.86  9.46 / 7.41  10.2 / 9.71  10.5 / 11.6
+    gate_up 3072 x 576    0.42 / 0.33  0.58 / 0.34  0.67 / 0.38  0.78 / 0.59  0.85 / 0.73  0.86 / 0.85
+    down 576 x 1536       0.23 / 0.16  0.31 / 0.18  0.36 / 0.23  0.40 / 0.33  0.46 / 0.40  0.47 / 0.44
 
 Past 8 rows a second pass over each weight row (from L1) is bound by the multiply-adds, and from
 about 17 rows oneDNN's register-blocked kernel is faster, so SKINNY_MAX_ROWS is 16. Each output

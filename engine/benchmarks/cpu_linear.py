@@ -4,6 +4,7 @@
 the engine uses for up to 16 rows on AVX2 CPUs), side by side in one run.
 
     python -m engine.benchmarks.cpu_linear [--threads 2] [--rows 1,2,4,8,16,32,512] [--write-docs]
+        [--docs-section NAME]
 
 Rows: 1 is a decode step of one request, 8 a step of 8, 16-32 verification steps (8 requests with
 1-3 drafts each), 512 a prefill chunk. Each weight is copied enough times that the copies
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default="1,2,4,8,16,32,512")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--docs-section", default="cpu-linear-benchmark",
+                        help="the docs/benchmarks.md section to write (one per machine worth keeping)")
     args = parser.parse_args(argv)
     if not onednn_available():
         raise SystemExit("this torch has no oneDNN: nothing to compare")
@@ -111,8 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_docs:
         command = "python -m engine.benchmarks.cpu_linear " + " ".join(sys.argv[1:] if argv is None else argv)
         isa = torch.backends.cpu.get_cpu_capability()  # the widest vector ISA torch's kernels use here
-        write_section("cpu-linear-benchmark",
-                      f"## float32 linears on the CPU: F.linear, oneDNN prepacked and the few-row kernel\n\n"
+        write_section(args.docs_section,
+                      f"## float32 linears on the CPU ({isa}): F.linear, oneDNN prepacked and the few-row kernel\n\n"
                       f"Command: `{command.strip()}`\n\nMachine: {platform.machine()} ({isa}), "
                       f"{os.cpu_count()} CPU threads, torch {torch.__version__}. Measured "
                       f"{time.strftime('%Y-%m-%d')}.\n\n{text}")
