@@ -10,7 +10,11 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   on a CPU at batch 8, and more at long contexts, where attention dominates). The controller times
   every draft-model call; a DraftCostModel fits its seconds = fixed + per_depth * positions drafted
   in sequence + per_token * tokens: the draft model's run is priced per step and per position,
-  its tokens per token (policy.DraftRun).
+  its tokens per token (policy.DraftRun). A step is not a line in its token count on a CPU whose
+  few-row kernels run 1-8 rows at one row's cost and then pay a pass per 8 rows more: in a batch,
+  a plan is priced again by the steps seen at its token counts (the secant from a plain step,
+  cost_model.py's surcharge) and the plan with the most tokens per second by those steps, no
+  drafts included, is taken (_price_by_steps_seen).
 - Gain: the probability the token is accepted. Each request keeps, per proposer, a decaying count
   of accepted drafts and of verification trials (a draft is a trial when every draft before it was
   accepted), and p = (accepted + PRIOR_TRIALS * pooled) / (trials + PRIOR_TRIALS) is the chance
@@ -64,7 +68,7 @@ adaptive=False: every proposer drafts up to its cap, always.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.config import SpeculativeConfig
 from engine.spec_decode.calibration import ConfidenceCalibration
@@ -99,6 +103,7 @@ MAX_PROBE_INTERVAL = 8 * PROBE_EVERY
 # engine 1.3% of its time (float32: 0.975x of none against 0.99x without probes); four times
 # fewer, 0.99x. Alone on a step of a weight-bound CPU they cost about this share at PROBE_EVERY.
 PROBE_SHARE = 0.005
+REPRICINGS = 3  # plans priced again by the steps seen (_price_by_steps_seen)
 # Weight of a request's past steps in its standing gain (the fairness gate's): about the last 20
 # steps count, long enough to span the gaps between a code answer's repeated stretches.
 STANDING_DECAY = 0.95
@@ -200,6 +205,8 @@ class SpeculationController:
         # (budgeted) interval, those of the runner-up rank past the paying ones on multiples of
         # PROBE_EVERY.
         self._planned_steps = 0
+        # Batch sizes that drafted before a plain step of theirs was seen (_price_by_steps_seen).
+        self._drafted_unseen: set[int] = set()
         # What proposing and planning a step costs (decaying mean of the steps that did it).
         self.proposing_seconds = 0.0
         self._pooled_standing = TokensPerStep()  # over all requests' steps
@@ -497,6 +504,7 @@ class SpeculationController:
         run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)
         plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run,
                          standing=standing)
+        plan = self._price_by_steps_seen(plan, options, batch_size, step_seconds, run, standing)
         chosen: dict[str, tuple[str, int]] = {}
         self._probing.clear()
         for req_id, (candidate, count) in plan.items():
@@ -517,6 +525,64 @@ class SpeculationController:
                 self._idle_steps[req_id] = idle
             chosen[req_id] = (which, count)
         return chosen
+
+    def _price_by_steps_seen(self, plan: dict[str, tuple[Candidate, int]], options: list[list[Candidate]],
+                             batch_size: int, step_seconds: float, run: DraftRun,
+                             standing: dict[str, float]) -> dict[str, tuple[Candidate, int]]:
+        """The slope prices a token as if a step were a line in its token count; a CPU's is a
+        staircase (its few-row kernels run 1-8 rows at one row's cost, then pay a pass per 8
+        more). So the plan is priced again by the steps seen (cost_model.py's surcharge: the
+        secant from a plain step to one with the plan's tokens), up to REPRICINGS times, and of
+        the plans found, and no drafts at all, the one whose tokens per second by those steps is
+        highest is taken. A batch size whose plain step was never seen drafts once as priced, then
+        runs one plain step (the base of every secant)."""
+        if (batch_size < 2 or step_seconds <= 0 or not self.cost.identified
+                or not any(count for _, count in plan.values())):
+            # Nothing priced yet: the first drafts are how the line gets fitted. Alone, the plan's
+            # count is not what runs (a confident head drafts on, _confidence_floors), and the
+            # slope's plans measured better: code at one stream, one round, float32, AVX2 EPYC,
+            # hybrid 1.61x against 1.38x priced by the steps seen.
+            return plan
+        plain = {req_id: (candidate, 0) for req_id, (candidate, _) in plan.items()}
+        if not self.cost.seen(batch_size):
+            # The first plan at a batch size drafts as priced (its drafts' acceptance is what
+            # opens the fairness gate), the next one runs plain once, to be the base.
+            if batch_size in self._drafted_unseen:
+                return plain
+            self._drafted_unseen.add(batch_size)
+            return plan
+        best, best_rate = plain, self._rate_by_steps_seen(plain, batch_size, run)
+        tried: set[int] = set()
+        for _ in range(REPRICINGS):
+            drafted = sum(count for _, count in plan.values())
+            rate = self._rate_by_steps_seen(plan, batch_size, run)
+            if rate > best_rate:
+                best, best_rate = plan, rate
+            surcharge = self.cost.surcharge(batch_size, drafted)
+            if drafted == 0 or drafted in tried or surcharge <= 0:
+                break
+            tried.add(drafted)
+            repriced = [[replace(c, token_seconds=c.token_seconds + surcharge) for c in per_request]
+                        for per_request in options]
+            plan = plan_step(repriced, step_seconds=step_seconds, batch_size=batch_size, draft_run=run,
+                             standing=standing)
+        return best
+
+    def _plain_table_seconds(self, batch_size: int) -> float:
+        seconds = self.cost.table_seconds(batch_size)
+        return seconds if seconds is not None else self.cost.step_seconds(batch_size)
+
+    def _rate_by_steps_seen(self, plan: dict[str, tuple[Candidate, int]], batch_size: int,
+                            run: DraftRun) -> float:
+        """Expected tokens per second of a plan, its step's seconds read off the steps seen (the
+        line's where the table does not reach: more tokens than any step seen)."""
+        drafted = sum(count for _, count in plan.values())
+        seconds = self.cost.table_seconds(batch_size + drafted)
+        if seconds is None:
+            seconds = self._plain_table_seconds(batch_size) + self.cost.b * drafted
+        gained = sum(sum(candidate.gains[:count]) for candidate, count in plan.values())
+        depth = max((count for candidate, count in plan.values() if candidate.method == "draft"), default=0)
+        return (batch_size + gained) / max(seconds + run.seconds(depth), 1e-9)
 
     def _standing_gains(self, requests: list[ProposalRequest]) -> dict[str, float]:
         """Per request, the drafted tokens the target accepted for it per step over its recent

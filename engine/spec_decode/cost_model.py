@@ -19,6 +19,19 @@ Two prices come out of it (engine/spec_decode/controller.py uses both):
   cost 15 ms of a 45 ms step whether 8 or 32 tokens come out, which a price per drafted token
   (the earlier model: seconds / tokens) put at 0.5 ms a token and so let through.
 
+A line prices every verified token alike, and a CPU's step is not a line in its token count: the
+few-row linear kernel (kernels/cpu/skinny_linear.cpp) streams the weights once for up to 8 rows,
+so on an AVX2 EPYC a step of 8 tokens took 36 ms, one of 5 took 32, but one of 16 took 58 (a
+second pass over every weight row) and one of 17 took 78 (oneDNN). So the step model also keeps
+the seconds of the steps it saw by token count (less the attention term, exponentially averaged),
+and `surcharge(n, k)` says how much more than the fitted slope a token costs on average when k
+tokens are added to a step of n (the secant over that table, where both ends were seen or lie
+between seen counts): the controller plans with the slope, then prices the plan's own tokens by
+the secant when that is steeper and plans again; a batch size whose plain step it has not seen
+runs one plain step first (the line's intercept, pulled up by prompt chunks, says nothing about
+it, and a batch that drafts on every step would never see one). Only ever dearer: where the table says less,
+the line stands (pricing the 1-8-token stretch as free would draft deep on every step).
+
 The fit is least squares with exponential forgetting (recent observations count most: the batch,
 the contexts and the machine's load drift). The slopes are only identifiable when the regressors
 vary; while x does not, the last well-posed fit is kept; while x and y move together, y is left
@@ -31,6 +44,7 @@ never costs less).
 from __future__ import annotations
 
 FORGET = 0.97  # weight of the past per observation (half-life ~23)
+TABLE_DECAY = 0.8  # weight of a token count's past steps per new one in the step table
 MIN_X_VARIANCE = 0.5  # x^2: below this spread the slope is noise; keep the last fit
 MIN_INDEPENDENCE = 0.02  # 1 - correlation^2 of x and y below which c is not identifiable
 
@@ -96,10 +110,45 @@ class PlaneFit:
 
 
 class StepCostModel(PlaneFit):
-    """A target step: a seconds whatever its work, b per scheduled token, c per key read."""
+    """A target step: a seconds whatever its work, b per scheduled token, c per key read; and the
+    steps seen by token count, for what the line misses (surcharge)."""
+
+    def __init__(self, forget: float = FORGET) -> None:
+        super().__init__(forget)
+        self._by_tokens: dict[int, float] = {}  # token count -> averaged seconds less c * attention
 
     def observe(self, num_tokens: int, seconds: float, attention: float = 0.0) -> None:  # type: ignore[override]
         super().observe(num_tokens, attention, seconds)
+        residual = float(seconds) - self.c * float(attention)
+        before = self._by_tokens.get(int(num_tokens))
+        self._by_tokens[int(num_tokens)] = residual if before is None else (
+            TABLE_DECAY * before + (1 - TABLE_DECAY) * residual)
+
+    def table_seconds(self, num_tokens: int) -> float | None:
+        """A step of num_tokens tokens as the table has it (less attention): its own average, else
+        the straight line between the nearest counts seen below and above; None outside them."""
+        if num_tokens in self._by_tokens:
+            return self._by_tokens[num_tokens]
+        below = max((n for n in self._by_tokens if n < num_tokens), default=None)
+        above = min((n for n in self._by_tokens if n > num_tokens), default=None)
+        if below is None or above is None:
+            return None
+        t_below, t_above = self._by_tokens[below], self._by_tokens[above]
+        return t_below + (t_above - t_below) * (num_tokens - below) / (above - below)
+
+    def surcharge(self, num_tokens: int, added: int) -> float:
+        """Seconds per token beyond the slope b that `added` more tokens cost on a step of
+        num_tokens, by the table's secant; 0 when the table does not span both or says less."""
+        if added <= 0:
+            return 0.0
+        base, more = self.table_seconds(num_tokens), self.table_seconds(num_tokens + added)
+        if base is None or more is None:
+            return 0.0
+        return max(0.0, (more - base) / added - self.b)
+
+    def seen(self, num_tokens: int) -> bool:
+        """Whether a step of exactly num_tokens tokens was observed (the base of a secant)."""
+        return num_tokens in self._by_tokens
 
     def step_seconds(self, num_tokens: int, attention: float = 0.0) -> float:
         return self.predict(num_tokens, attention)

@@ -52,8 +52,11 @@ def controller(method: str, *, a: float = 0.030, b: float = 0.001, draft_seconds
 
 
 def observe_cpu_steps(spec: SpeculationController, a: float = 0.030, b: float = 0.001) -> None:
-    """Target steps of a + b * tokens seconds, at batch sizes spread enough to fit b."""
+    """Target steps of a + b * tokens seconds, at batch sizes spread enough to fit b, then at
+    every token count up to 48 (the steps seen, by which plans are priced again: a line here)."""
     for n in (1, 8, 24, 8, 40, 16):
+        spec.observe_step(n, a + b * n)
+    for n in range(1, 49):
         spec.observe_step(n, a + b * n)
 
 
@@ -368,7 +371,7 @@ def test_long_contexts_get_fewer_drafts_when_attention_costs() -> None:
     config = SpeculativeConfig(method="draft", num_speculative_tokens=4)
     draft = CountingDraft()
     spec = SpeculationController(config, suffix=None, draft=draft)
-    for n, w in ((8, 8 * 300), (24, 24 * 2000), (8, 8 * 3000), (40, 40 * 500), (16, 16 * 100)) * 4:
+    for n, w in ((8, 8 * 300), (24, 24 * 2000), (8, 8 * 3000), (40, 40 * 500), (16, 16 * 100), (1, 300)) * 4:
         spec.observe_step(n, 0.020 + 0.0003 * n + 1e-6 * w, w)
     short = ProposalRequest("short", prompt_token_ids=[1] * 100, output_token_ids=[9], num_drafts=4)
     long = ProposalRequest("long", prompt_token_ids=[1] * 4000, output_token_ids=[9], num_drafts=4)
@@ -666,3 +669,30 @@ def test_a_draft_model_is_priced_by_the_positions_it_ran() -> None:
     spec.draft_cost.observe = lambda depth, tokens, seconds: seen.append((depth, tokens))  # type: ignore[method-assign]
     spec.propose([request("a", [9])], batch_size=1)
     assert seen == [(3, 1)]
+
+
+def test_a_staircase_step_is_priced_by_the_steps_seen_in_a_batch() -> None:
+    """At batch 8 the line (pulled flat by prompt chunks) says a token costs 2 ms, the steps seen
+    say 3.4 ms (8 more rows are a second pass over the weights): drafts the target accepts 60% of
+    the time are dropped, sure ones stay."""
+    config = SpeculativeConfig(method="suffix", num_speculative_tokens=4, adaptive=True)
+    spec = SpeculationController(config, suffix=SuffixProposer(), draft=None)
+    for _ in range(5):
+        for n, seconds in ((1, 0.030), (4, 0.030), (8, 0.031), (16, 0.058), (128, 0.300)):
+            spec.observe_step(n, seconds)
+    run = controller_module.DraftRun(0.0, 0.0)
+    step_seconds = 0.031
+
+    def plan_for(gain: float) -> dict[str, tuple]:
+        candidates = [controller_module.Candidate(f"r{i}", [gain], spec.cost.token_seconds(100)) for i in range(8)]
+        plan = controller_module.plan_step([[c] for c in candidates], step_seconds=step_seconds, batch_size=8,
+                                           draft_run=run, standing={c.req_id: 1.0 for c in candidates})
+        assert sum(count for _, count in plan.values()) == 8  # the line lets them all through
+        return spec._price_by_steps_seen(plan, [[c] for c, _ in plan.values()], 8, step_seconds, run,
+                                         {f"r{i}": 1.0 for i in range(8)})
+
+    assert sum(count for _, count in plan_for(0.6).values()) == 0
+    assert sum(count for _, count in plan_for(0.95).values()) == 8
+    # Alone, the line's plan stands (a head's confident drafts run past the plan's count).
+    alone = {"r0": (controller_module.Candidate("r0", [0.5], spec.cost.token_seconds(100)), 1)}
+    assert spec._price_by_steps_seen(alone, [[alone["r0"][0]]], 1, step_seconds, run, {"r0": 1.0}) == alone

@@ -233,3 +233,32 @@ def test_the_gate_takes_the_requests_standing_gains_not_this_steps() -> None:
     # Enough standing for everything: the throughput break-even alone decides.
     assert plan_drafts(batch, step_seconds=0.040, batch_size=8, standing={c.req_id: 1.0 for c in batch}) == {
         **{f"r{i}": 4 for i in range(7)}, "idle": 0}
+
+
+def staircase(cost: StepCostModel) -> None:
+    """A CPU step with a few-row kernel: 30 ms up to 8 tokens, 58 ms at 16, 300 ms for a 128-token
+    prompt chunk (which flattens the fitted line)."""
+    for _ in range(5):
+        for n, seconds in ((1, 0.030), (4, 0.030), (8, 0.031), (16, 0.058), (128, 0.300)):
+            cost.observe(n, seconds)
+
+
+def test_step_table_prices_what_the_line_misses() -> None:
+    cost = StepCostModel()
+    staircase(cost)
+    assert cost.identified and 0.0015 < cost.b < 0.0025  # the line: ~2 ms a token
+    assert cost.seen(8) and not cost.seen(12)
+    assert cost.table_seconds(12) == pytest.approx((0.031 + 0.058) / 2)  # between seen counts
+    assert cost.table_seconds(200) is None and cost.table_seconds(0) is None  # outside them
+    # 8 more tokens on a step of 8: (58 - 31) / 8 = 3.4 ms each, 1.4-1.9 ms over the line.
+    assert cost.surcharge(8, 8) == pytest.approx(0.027 / 8 - cost.b)
+    assert cost.surcharge(1, 3) == 0.0  # flat there: never cheaper than the line
+    assert cost.surcharge(8, 0) == 0.0 and cost.surcharge(100, 50) == 0.0  # unseen end
+
+
+def test_the_step_table_averages_and_forgets_attention() -> None:
+    cost = StepCostModel()
+    for n, w in ((8, 1000), (16, 9000), (8, 4000), (40, 2000), (16, 100)) * 6:
+        cost.observe(n, 0.02 + 0.001 * n + 1e-6 * w, w)
+    assert cost.c == pytest.approx(1e-6, rel=1e-3)
+    assert cost.table_seconds(8) == pytest.approx(0.028, rel=1e-2)  # attention taken out (with it: 0.0305)
