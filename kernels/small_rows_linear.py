@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import cpu_kernels
+from kernels.onednn_linear import onednn_linear
 
 MAX_ROWS_ONE_THREAD = 8
 MAX_ROWS = 32
@@ -77,19 +78,27 @@ def compiled_linear(
     """The compiled few-row product, when this machine uses it and it takes these tensors."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= SKINNY_MAX_ROWS or not skinny_enabled():
         return None
-    compiled = cpu_kernels()
-    if compiled is None or not compiled.supports_skinny_linear(x, weight, bias):
-        return None
-    return compiled.skinny_linear(x, weight, bias)
+    compiled = cpu_kernels()  # (built: skinny_enabled says so)
+    return compiled.skinny_linear(x, weight, bias) if compiled.supports_skinny_linear(x, weight, bias) else None
 
 
 def linear(
     x: torch.Tensor,  # [num_rows, in_features]
-    weight: torch.Tensor,  # [out_features, in_features]
+    weight: torch.Tensor | None,  # [out_features, in_features]; None: onednn_weight only
     bias: torch.Tensor | None = None,  # [out_features]
+    *,
+    onednn_weight: torch.Tensor | None = None,  # [out_features, in_features], prepacked or plain
 ) -> torch.Tensor:  # [num_rows, out_features]
-    compiled = compiled_linear(x, weight, bias)
-    return compiled if compiled is not None else mkl_linear(x, weight, bias)
+    """The compiled few-row product where it takes x, else oneDNN where a weight for it is given
+    (kernels/onednn_linear.py), else MKL (mkl_linear)."""
+    if weight is not None:
+        compiled = compiled_linear(x, weight, bias)
+        if compiled is not None:
+            return compiled
+    if onednn_weight is not None:
+        return onednn_linear(x, onednn_weight, bias)
+    assert weight is not None, "a weight for MKL or one for oneDNN"
+    return mkl_linear(x, weight, bias)
 
 
 def mkl_linear(

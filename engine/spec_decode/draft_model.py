@@ -55,7 +55,7 @@ from engine.spec_decode.calibration import ConfidenceCalibration, DraftChances
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import small_rows_linear
-from kernels.onednn_linear import onednn_linear, prepack
+from kernels.onednn_linear import prepack
 
 logger = logging.getLogger(__name__)
 
@@ -316,12 +316,7 @@ def top_draft_tokens_with_prob(draft: DraftModel, hidden: torch.Tensor,
 def _draft_logits(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, draft vocab]
     if draft.head_weight is None:
         return draft.model.compute_logits(hidden)
-    few_rows = small_rows_linear.compiled_linear(hidden, draft.head_weight)  # None: not few float32 rows
-    if few_rows is not None:
-        return few_rows
-    if draft.head_packed is not None:
-        return onednn_linear(hidden, draft.head_packed)
-    return small_rows_linear.linear(hidden, draft.head_weight)
+    return small_rows_linear.linear(hidden, draft.head_weight, onednn_weight=draft.head_packed)
 
 
 def _top(draft: DraftModel, logits: torch.Tensor, k: int) -> torch.Tensor:  # [n, draft vocab] -> [n, k] target ids

@@ -56,7 +56,6 @@ from engine.spec_decode.draft_model import DraftModel, top_draft_tokens_with_pro
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import small_rows_linear
-from kernels.onednn_linear import onednn_linear
 
 
 FLUSH_TOKENS = 32  # buffered positions that make a request's head pass run without a draft
@@ -137,10 +136,7 @@ class EagleProposer:
         model = self.draft.model
         embedded = model.embed_tokens(input_ids)  # [n, hidden]
         joined = torch.cat([embedded, states.to(embedded.dtype)], dim=-1)  # [n, 2 * hidden]
-        hidden = small_rows_linear.compiled_linear(joined, self.draft.fc_weight)  # None: not few float32 rows
-        if hidden is None:
-            hidden = (onednn_linear(joined, self.draft.fc_packed) if self.draft.fc_packed is not None
-                      else small_rows_linear.linear(joined, self.draft.fc_weight))
+        hidden = small_rows_linear.linear(joined, self.draft.fc_weight, onednn_weight=self.draft.fc_packed)
         cos, sin = model.rotary.cos_sin(positions, hidden.dtype)
         if kv_only:
             model.layers[0].store_kv(hidden, cos, sin, self.kv_caches[0], meta)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from kernels import small_rows_linear
-from kernels.onednn_linear import onednn_linear, prepack
+from kernels.onednn_linear import prepack
 from kernels.quant_matmul import (
     Fp8Weight,
     Int4Weight,
@@ -83,12 +83,8 @@ class PackedLinear(_ExecutionLinear):
         self.packed = prepack(weight) if self.plain_weight is None or prepack_too else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, K] -> [num_tokens, N]
-        y = None
-        if self.plain_weight is not None:
-            y = small_rows_linear.compiled_linear(x, self.plain_weight, self.bias)
-        if y is None:
-            y = onednn_linear(x, self.packed if self.packed is not None else self.plain_weight, self.bias)
-        return self._finish(y)
+        onednn_weight = self.packed if self.packed is not None else self.plain_weight
+        return self._finish(small_rows_linear.linear(x, self.plain_weight, self.bias, onednn_weight=onednn_weight))
 
     def _stored(self) -> list[torch.Tensor]:  # what one forward reads: one of the two forms
         return [self.packed if self.packed is not None else self.plain_weight]
