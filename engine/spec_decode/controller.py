@@ -568,18 +568,15 @@ class SpeculationController:
                              standing=standing)
         return best
 
-    def _plain_table_seconds(self, batch_size: int) -> float:
-        seconds = self.cost.table_seconds(batch_size)
-        return seconds if seconds is not None else self.cost.step_seconds(batch_size)
-
     def _rate_by_steps_seen(self, plan: dict[str, tuple[Candidate, int]], batch_size: int,
                             run: DraftRun) -> float:
-        """Expected tokens per second of a plan, its step's seconds read off the steps seen (the
-        line's where the table does not reach: more tokens than any step seen)."""
+        """Expected tokens per second of a plan, its step's seconds read off the steps seen (from the
+        plain step, which was seen, by the slope where the table does not reach: more tokens than
+        any step seen)."""
         drafted = sum(count for _, count in plan.values())
         seconds = self.cost.table_seconds(batch_size + drafted)
         if seconds is None:
-            seconds = self._plain_table_seconds(batch_size) + self.cost.b * drafted
+            seconds = self.cost.table_seconds(batch_size) + self.cost.b * drafted
         gained = sum(sum(candidate.gains[:count]) for candidate, count in plan.values())
         depth = max((count for candidate, count in plan.values() if candidate.method == "draft"), default=0)
         return (batch_size + gained) / max(seconds + run.seconds(depth), 1e-9)

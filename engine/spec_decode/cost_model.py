@@ -28,9 +28,10 @@ and `surcharge(n, k)` says how much more than the fitted slope a token costs on 
 tokens are added to a step of n (the secant over that table, where both ends were seen or lie
 between seen counts): the controller plans with the slope, then prices the plan's own tokens by
 the secant when that is steeper and plans again; a batch size whose plain step it has not seen
-runs one plain step first (the line's intercept, pulled up by prompt chunks, says nothing about
-it, and a batch that drafts on every step would never see one). Only ever dearer: where the table says less,
-the line stands (pricing the 1-8-token stretch as free would draft deep on every step).
+drafts once as priced, then runs one plain step (the line's intercept, pulled up by prompt
+chunks, says nothing about it, and a batch that drafts on every step would never see one). Only
+ever dearer: where the table says less, the line stands (pricing the 1-8-token stretch as free
+would draft deep on every step).
 
 The fit is least squares with exponential forgetting (recent observations count most: the batch,
 the contexts and the machine's load drift). The slopes are only identifiable when the regressors
