@@ -31,6 +31,14 @@ constexpr int kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // e^x underflows below this; such lanes (and -inf, i.e. masked keys) become exactly 0.
 constexpr float kExpCutoff = -87.0f;
+// e^x on the vector paths: Cephes' single-precision polynomial (about 1 ulp) after a two-part
+// ln 2 range reduction; above kExpMax e^x overflows.
+constexpr float kExpMax = 88.3762626647949f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                              4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 
 using bf16_t = uint16_t;
 
@@ -103,22 +111,17 @@ inline Vec vkeep_range(Vec a, int lo, int hi) {
   return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(kNegInf), a.v)};
 }
 
-// e^x with about 1 ulp of error (Cephes' single-precision polynomial after a two-part ln 2
-// range reduction); lanes below kExpCutoff, -inf and NaN give 0.
+// e^x (kExpPoly); lanes below kExpCutoff, -inf and NaN give 0.
 inline Vec vexp(Vec x) {
   const __mmask16 live = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kExpCutoff), _CMP_GT_OQ);
-  __m512 y = _mm512_min_ps(x.v, _mm512_set1_ps(88.3762626647949f));
+  __m512 y = _mm512_min_ps(x.v, _mm512_set1_ps(kExpMax));
   y = _mm512_max_ps(y, _mm512_set1_ps(kExpCutoff));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), y);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), y);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return {_mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n))};
 }
@@ -251,18 +254,14 @@ inline Vec vkeep_range(Vec a, int lo, int hi) {
 // both normal floats for every n in [-126, 128] (scalef's job there).
 inline __m256 vexp8(__m256 x) {
   const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(kExpCutoff), _CMP_GT_OQ);
-  __m256 y = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  __m256 y = _mm256_min_ps(x, _mm256_set1_ps(kExpMax));
   y = _mm256_max_ps(y, _mm256_set1_ps(kExpCutoff));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), y);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i half = _mm256_srai_epi32(ni, 1);
