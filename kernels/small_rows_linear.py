@@ -7,18 +7,19 @@ neither MKL nor oneDNN manages there. Measured on an AMD EPYC with AVX2 only (Ze
 weights cycled from memory, medians in ms, oneDNN prepacked / this kernel (`python -m
 engine.benchmarks.cpu_linear`, docs/benchmarks.md):
 
-    rows                  1            4            8            12           16           17
-    lm_head 49152 x 576   5.06 / 4.48  6.72 / 4.34  8.14 / 4.86  9.46 / 7.41  10.2 / 9.71  10.5 / 11.6
-    gate_up 3072 x 576    0.42 / 0.33  0.58 / 0.34  0.67 / 0.38  0.78 / 0.59  0.85 / 0.73  0.86 / 0.85
-    down 576 x 1536       0.23 / 0.16  0.31 / 0.18  0.36 / 0.23  0.40 / 0.33  0.46 / 0.40  0.47 / 0.44
+    rows                  1            8            16           24           32           40           48
+    lm_head 49152 x 576   5.64 / 5.04  9.00 / 5.25  11.2 / 8.36  13.1 / 11.4  16.2 / 14.7  18.7 / 18.1  21.1 / 21.5
+    gate_up 3072 x 576    0.47 / 0.36  0.70 / 0.40  0.89 / 0.67  1.04 / 0.87  1.23 / 1.09  1.53 / 1.30  1.63 / 1.49
+    down 576 x 1536       0.25 / 0.18  0.38 / 0.23  0.49 / 0.36  0.57 / 0.48  0.65 / 0.59  0.78 / 0.73  1.13 / 0.86
 
-Past 8 rows a second pass over each weight row (from L1) is bound by the multiply-adds, and from
-about 17 rows oneDNN's register-blocked kernel is faster, so SKINNY_MAX_ROWS is 16. Each output
-of the kernel is summed in an order that does not depend on the other rows: a row's values are
-bit-identical alone and in any batch of up to SKINNY_MAX_ROWS. On CPUs with AVX512 oneDNN's own
-kernels are already nearly flat in the row count (2.60 ms at one row, 3.65 at 8 for the lm_head
-on an AVX512 EPYC) and this AVX2 kernel was never measured against them there, so they keep
-oneDNN.
+Past 8 rows the kernel re-reads blocks of weight rows from cache in 2 x 4 register tiles, bound
+by the multiply-adds; oneDNN's register-blocked kernel catches up at the lm_head at about 44
+rows (the decoder's linears stay ahead to 64), so SKINNY_MAX_ROWS is 40: 8 streams verifying up
+to 4 drafts each. Each output of the kernel is summed in an order that does not depend on the
+other rows: a row's values are bit-identical alone and in any batch of up to SKINNY_MAX_ROWS.
+On CPUs with AVX512 oneDNN's own kernels are already nearly flat in the row count (2.60 ms at
+one row, 3.65 at 8 for the lm_head on an AVX512 EPYC) and this AVX2 kernel was never measured
+against them there, so they keep oneDNN.
 
 Without the compiled kernel (no compiler, DRAFTGATE_CPU_KERNELS=0, another ISA), and for weights
 not prepacked for oneDNN (kernels/onednn_linear.py; torch builds without oneDNN, models loaded
@@ -61,7 +62,7 @@ from kernels.onednn_linear import onednn_linear
 
 MAX_ROWS_ONE_THREAD = 8
 MAX_ROWS = 32
-SKINNY_MAX_ROWS = 16
+SKINNY_MAX_ROWS = 40
 
 
 @functools.cache

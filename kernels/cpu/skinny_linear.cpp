@@ -1,20 +1,21 @@
 // float32 y = x W^T (+ b) for the few rows of decoding and verification (1 to a few dozen), where
 // the product is bound by reading the weight from memory, not by arithmetic.
 //
-// Each thread takes a static range of output channels n and, for each, streams the weight row
-// W[n] once while every input row keeps its own accumulator: up to 8 rows per pass (8 ymm
-// accumulators, one for the weight and one for x: 10 of the 16 registers), further groups of 8
-// rows re-reading W[n] from L1. A software prefetch 1 KiB ahead in the weight keeps the stream
-// going (without it, and with two weight rows per tile, the time grew with the row count as
-// oneDNN's does). So the weight crosses the memory bus once whatever the row count, which
-// oneDNN's prepacked kernel does not manage at 2-16 rows on an AVX2 EPYC (its lm_head: 6.6 ms at
-// one row, 11.5 at 8; kernels/cpu_float32_linear.py has the measurements).
+// Each thread takes a static range of blocks of output channels n. The first pass streams each
+// weight row W[n] once while up to 8 input rows keep their own accumulators (8 ymm accumulators,
+// one for the weight and one for x: 10 of the 16 registers), with a software prefetch 1 KiB ahead
+// in the weight (without it the time grew with the row count as oneDNN's does). Rows past the
+// first pass re-read the block's weight rows from cache in 2 x 4 tiles (see the loop). So the
+// weight crosses the memory bus once whatever the row count, which oneDNN's prepacked kernel
+// does not manage at 2-16 rows on an AVX2 EPYC (its lm_head: 6.6 ms at one row, 11.5 at 8;
+// kernels/small_rows_linear.py has the measurements).
 //
-// Batch invariance: an output is summed in the same order whatever the other rows are (8 lanes
-// of fused multiply-adds over k, the lanes folded as (l0+l4 + l1+l5) + (l2+l6 + l3+l7), then the
-// K % 8 tail), so a row's result never depends on how many rows share the call. The portable
-// build (no AVX2/FMA, or DRAFTGATE_PORTABLE) computes exactly the same sums with std::fma, and
-// its results are bit-identical to the AVX2 build's.
+// Batch invariance: an output is summed in the same order whatever the other rows are and
+// whichever tile computes it (8 lanes of fused multiply-adds over k, the lanes folded as
+// (l0+l4 + l1+l5) + (l2+l6 + l3+l7), then the K % 8 tail, then the bias), so a row's result never
+// depends on how many rows share the call. The portable build (no AVX2/FMA, or DRAFTGATE_PORTABLE)
+// computes exactly the same sums with std::fma, and its results are bit-identical to the AVX2
+// build's.
 #include <omp.h>
 
 #include <algorithm>
@@ -42,50 +43,64 @@ inline float fold(__m256 v) {  // (l0+l4 + l1+l5) + (l2+l6 + l3+l7)
   return _mm_cvtss_f32(s);
 }
 
-// out[r] = dot(x[r, :K], w[:K]) for R rows `x_stride` floats apart.
-template <int R>
-inline void dot_rows(const float* x, int64_t x_stride, const float* w, int64_t K, float* out) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+// out[r * out_stride + t] = dot(x[r, :K], w[t, :K]) for R input rows `x_stride` floats apart and
+// NT weight rows K floats apart. kPrefetch: the weight comes from memory (the first pass over it).
+template <int NT, int R, bool kPrefetch>
+inline void dot_tile(const float* x, int64_t x_stride, const float* w, int64_t K, float* out, int64_t out_stride) {
+  __m256 acc[NT][R];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps();
   const int64_t k_vec = K - K % kLanes8;
   for (int64_t k = 0; k < k_vec; k += kLanes8) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + k + kPrefetchAhead), _MM_HINT_T0);
-    const __m256 wv = _mm256_loadu_ps(w + k);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * x_stride + k), acc[r]);
+    __m256 wv[NT];
+    for (int t = 0; t < NT; ++t) {
+      if (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(w + t * K + k + kPrefetchAhead), _MM_HINT_T0);
+      wv[t] = _mm256_loadu_ps(w + t * K + k);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * x_stride + k);
+      for (int t = 0; t < NT; ++t) acc[t][r] = _mm256_fmadd_ps(wv[t], xv, acc[t][r]);
+    }
   }
-  for (int r = 0; r < R; ++r) {
-    float sum = fold(acc[r]);
-    for (int64_t k = k_vec; k < K; ++k) sum = std::fma(w[k], x[r * x_stride + k], sum);
-    out[r] = sum;
-  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < R; ++r) {
+      float sum = fold(acc[t][r]);
+      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(w[t * K + k], x[r * x_stride + k], sum);
+      out[r * out_stride + t] = sum;
+    }
 }
 #else
-template <int R>
-inline void dot_rows(const float* x, int64_t x_stride, const float* w, int64_t K, float* out) {
-  float acc[R][kLanes8] = {};
+template <int NT, int R, bool kPrefetch>
+inline void dot_tile(const float* x, int64_t x_stride, const float* w, int64_t K, float* out, int64_t out_stride) {
+  float acc[NT][R][kLanes8] = {};
   const int64_t k_vec = K - K % kLanes8;
   for (int64_t k = 0; k < k_vec; k += kLanes8)
-    for (int r = 0; r < R; ++r)
-      for (int l = 0; l < kLanes8; ++l) acc[r][l] = std::fma(w[k + l], x[r * x_stride + k + l], acc[r][l]);
-  for (int r = 0; r < R; ++r) {
-    const float* a = acc[r];
-    float sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-    for (int64_t k = k_vec; k < K; ++k) sum = std::fma(w[k], x[r * x_stride + k], sum);
-    out[r] = sum;
-  }
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < R; ++r)
+        for (int l = 0; l < kLanes8; ++l)
+          acc[t][r][l] = std::fma(w[t * K + k + l], x[r * x_stride + k + l], acc[t][r][l]);
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < R; ++r) {
+      const float* a = acc[t][r];
+      float sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(w[t * K + k], x[r * x_stride + k], sum);
+      out[r * out_stride + t] = sum;
+    }
 }
 #endif
 
-inline void dot_group(int rows, const float* x, int64_t x_stride, const float* w, int64_t K, float* out) {
+// The first pass over one weight row, streamed from memory: 1 to 8 input rows.
+inline void first_pass(int rows, const float* x, int64_t x_stride, const float* w, int64_t K, float* out,
+                       int64_t out_stride) {
   switch (rows) {
-    case 1: dot_rows<1>(x, x_stride, w, K, out); break;
-    case 2: dot_rows<2>(x, x_stride, w, K, out); break;
-    case 3: dot_rows<3>(x, x_stride, w, K, out); break;
-    case 4: dot_rows<4>(x, x_stride, w, K, out); break;
-    case 5: dot_rows<5>(x, x_stride, w, K, out); break;
-    case 6: dot_rows<6>(x, x_stride, w, K, out); break;
-    case 7: dot_rows<7>(x, x_stride, w, K, out); break;
-    default: dot_rows<8>(x, x_stride, w, K, out); break;
+    case 1: dot_tile<1, 1, true>(x, x_stride, w, K, out, out_stride); break;
+    case 2: dot_tile<1, 2, true>(x, x_stride, w, K, out, out_stride); break;
+    case 3: dot_tile<1, 3, true>(x, x_stride, w, K, out, out_stride); break;
+    case 4: dot_tile<1, 4, true>(x, x_stride, w, K, out, out_stride); break;
+    case 5: dot_tile<1, 5, true>(x, x_stride, w, K, out, out_stride); break;
+    case 6: dot_tile<1, 6, true>(x, x_stride, w, K, out, out_stride); break;
+    case 7: dot_tile<1, 7, true>(x, x_stride, w, K, out, out_stride); break;
+    default: dot_tile<1, 8, true>(x, x_stride, w, K, out, out_stride); break;
   }
 }
 
@@ -105,21 +120,36 @@ extern "C" int draftgate_skinny_linear(const float* x, int64_t x_stride, const f
                   static_cast<long long>(x_stride));
     return 1;
   }
+  if (M == 0 || N == 0) return 0;
   // Below ~64K multiply-adds a thread team costs more than it saves.
   const int threads = M * N * K >= (int64_t(1) << 16) ? std::max(1, static_cast<int>(num_threads)) : 1;
-  // Balanced groups (12 rows: 6 + 6, not 8 + 4): a group's accumulators are its independent
-  // dependency chains, and 4 chains leave the FMA units waiting on their 4-5 cycle latency.
-  const int64_t num_groups = (M + kRowGroup - 1) / kRowGroup;
+  // Up to 8 rows: one pass per weight row, streamed from memory, each input row with its own
+  // accumulator. More rows: the first pass takes 5-8 of them, chosen so that the rest split into
+  // groups of 4, and the rest go through blocks of kBlockRows weight rows (72 KiB at K = 576, in
+  // L2): for each group of 4 input rows (in L1), 2 x 4 tiles over the block's pairs of weight
+  // rows, 8 accumulators, 6 loads for 8 multiply-adds where a second 1 x 8 pass needed 9. Taking
+  // the input rows in the outer loop keeps them in L1 (24 rows of 576 floats are 54 KiB, more
+  // than L1) and leaves the weight, 2 loads of the 6, to L2. lm_head (49152 x 576) on an AVX2
+  // EPYC, 2 threads: 16 rows 7.9 ms against 9.9 with a second 1 x 8 pass, 24 rows 11.4 against
+  // 16.8. At least 5 rows in the first pass keep 5 dependency chains in flight against the FMA's
+  // 4-5 cycle latency.
+  constexpr int64_t kBlockRows = 32;
+  const int first_rows = M <= kRowGroup ? static_cast<int>(M) : static_cast<int>(M - 4 * ((M - 5) / 4));
+  const int64_t num_blocks = (N + kBlockRows - 1) / kBlockRows;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* w_row = w + n * K;
-    const float b = bias != nullptr ? bias[n] : 0.0f;
-    float sums[kRowGroup];
-    for (int64_t group = 0, m0 = 0; group < num_groups; ++group) {
-      const int rows = static_cast<int>(M / num_groups + (group < M % num_groups ? 1 : 0));
-      dot_group(rows, x + m0 * x_stride, x_stride, w_row, K, sums);
-      for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = sums[r] + b;
-      m0 += rows;
+  for (int64_t block = 0; block < num_blocks; ++block) {
+    const int64_t n_begin = block * kBlockRows, n_end = std::min(N, n_begin + kBlockRows);
+    for (int64_t n = n_begin; n < n_end; ++n) first_pass(first_rows, x, x_stride, w + n * K, K, y + n, N);
+    for (int64_t m = first_rows; m < M; m += 4) {
+      const float* x_group = x + m * x_stride;
+      float* y_group = y + m * N;
+      int64_t n = n_begin;
+      for (; n + 2 <= n_end; n += 2) dot_tile<2, 4, false>(x_group, x_stride, w + n * K, K, y_group + n, N);
+      if (n < n_end) dot_tile<1, 4, false>(x_group, x_stride, w + n * K, K, y_group + n, N);
+    }
+    if (bias != nullptr) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = n_begin; n < n_end; ++n) y[m * N + n] += bias[n];
     }
   }
   return 0;

@@ -34,7 +34,7 @@ def assert_within_rounding(y: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
     assert bool(((y.double() - exact).abs() <= bound).all()), float(((y.double() - exact).abs() / bound).max())
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, 12, 16, 17, 25])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, 12, 16, 17, 25, 40])
 @pytest.mark.parametrize("in_features", [1, 7, 8, 37, 576])
 def test_products_are_dot_products_within_float32_rounding(compiled: CpuKernels, rows: int, in_features: int) -> None:
     generator = torch.Generator().manual_seed(rows * 1000 + in_features)
@@ -59,11 +59,11 @@ def test_a_row_is_bit_identical_alone_and_in_any_batch(compiled: CpuKernels) -> 
     """The summation order of an output does not depend on the other rows: what makes greedy
     decoding independent of which requests share a step, up to SKINNY_MAX_ROWS rows."""
     generator = torch.Generator().manual_seed(3)
-    x = torch.randn(20, 577, generator=generator)  # 577: a K % 8 tail too
-    weight = torch.randn(300, 577, generator=generator)
-    bias = torch.randn(300, generator=generator)
-    alone = torch.cat([compiled.skinny_linear(x[r : r + 1], weight, bias) for r in range(20)])
-    for rows in (2, 5, 8, 9, 12, 16, 20):
+    x = torch.randn(small_rows_linear.SKINNY_MAX_ROWS, 577, generator=generator)  # 577: a K % 8 tail too
+    weight = torch.randn(301, 577, generator=generator)  # 301: blocks of 32 weight rows and an odd one
+    bias = torch.randn(301, generator=generator)
+    alone = torch.cat([compiled.skinny_linear(x[r : r + 1], weight, bias) for r in range(x.shape[0])])
+    for rows in (2, 5, 8, 9, 12, 13, 16, 17, 20, 23, 24, 31, small_rows_linear.SKINNY_MAX_ROWS):
         assert torch.equal(compiled.skinny_linear(x[:rows], weight, bias), alone[:rows]), rows
     assert torch.equal(compiled.skinny_linear(x[3:14], weight, bias), alone[3:14])
 
@@ -85,7 +85,7 @@ def test_the_portable_build_is_bit_identical(compiled: CpuKernels, tmp_path: Pat
     path = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout)["path"]
     portable = CpuKernels(Path(path))
     generator = torch.Generator().manual_seed(11)
-    for rows, in_features in ((1, 576), (6, 43), (13, 1536)):
+    for rows, in_features in ((1, 576), (6, 43), (13, 1536), (40, 37)):
         x = torch.randn(rows, in_features, generator=generator)
         weight = torch.randn(257, in_features, generator=generator)
         bias = torch.randn(257, generator=generator)
