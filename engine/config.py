@@ -136,8 +136,10 @@ class SpeculativeConfig:
     adaptive: draft fewer tokens when a request's acceptance is low or the batch is large.
     draft_dtype: the draft's weights, activations and KV: "auto" (the target's dtype, except
     under a float32 target where `dtype="auto"` would take bfloat16: there the draft runs in
-    bfloat16) or a dtype. Drafts only propose and the target verifies every token, so the
-    draft's precision changes how many tokens are accepted, never the output.
+    bfloat16; and on AVX2 CPUs, where it stays float32, its weights are held in bfloat16 and
+    widened as the few-row kernel reads them) or a dtype ("float32": all of it in float32).
+    Drafts only propose and the target verifies every token, so the draft's precision changes
+    how many tokens are accepted, never the output.
     """
 
     method: str = "none"

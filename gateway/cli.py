@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: the draft shipped for the embedded model)")
     model.add_argument("--draft-dtype", default="auto", choices=list(DTYPES),
                        help="the draft's dtype (auto: the target's, but bfloat16 under a float32 target where "
-                            "--dtype auto would take bfloat16; drafts only propose, so it moves speed, never "
-                            "the output)")
+                            "--dtype auto would take bfloat16, and float32 over bfloat16-held weights on AVX2 "
+                            "CPUs; drafts only propose, so it moves speed, never the output)")
     model.add_argument("--num-speculative-tokens", type=int, default=4,
                        help="most tokens the draft model drafts per request per step (1-16)")
     model.add_argument("--num-suffix-tokens", type=int, default=16,

@@ -73,7 +73,7 @@ def skinny_enabled() -> bool:
 
 def compiled_linear(
     x: torch.Tensor,  # [num_rows, in_features] float32 on the CPU
-    weight: torch.Tensor,  # [out_features, in_features] float32, contiguous
+    weight: torch.Tensor,  # [out_features, in_features] float32 or bf16 (widened as read), contiguous
     bias: torch.Tensor | None = None,  # [out_features]
 ) -> torch.Tensor | None:  # [num_rows, out_features], or None where the kernel does not take it
     """The compiled few-row product, when this machine uses it and it takes these tensors."""
@@ -91,7 +91,8 @@ def linear(
     onednn_weight: torch.Tensor | None = None,  # [out_features, in_features], prepacked or plain
 ) -> torch.Tensor:  # [num_rows, out_features]
     """The compiled few-row product where it takes x, else oneDNN where a weight for it is given
-    (kernels/onednn_linear.py), else MKL (mkl_linear)."""
+    (kernels/onednn_linear.py), else MKL (mkl_linear). A bf16 weight with float32 x is float32
+    arithmetic over the widened weight on every path."""
     if weight is not None:
         compiled = compiled_linear(x, weight, bias)
         if compiled is not None:
@@ -99,6 +100,8 @@ def linear(
     if onednn_weight is not None:
         return onednn_linear(x, onednn_weight, bias)
     assert weight is not None, "a weight for MKL or one for oneDNN"
+    if weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
+        weight = weight.float()  # a bf16-held weight past the kernel's rows: widened (exactly) for this call
     return mkl_linear(x, weight, bias)
 
 

@@ -1,7 +1,8 @@
 """float32 linears on the CPU at the embedded model's shapes: F.linear, the few-row W @ x^T path
 (MKL, kernels/small_rows_linear.py's fallback), oneDNN's prepacked product
 (kernels/onednn_linear.py) and the compiled few-row kernel (kernels/cpu/skinny_linear.cpp, which
-the engine uses for up to 16 rows on AVX2 CPUs), side by side in one run.
+the engine uses for up to 40 rows on AVX2 CPUs; also over the weight held in bf16), side by side
+in one run.
 
     python -m engine.benchmarks.cpu_linear [--threads 2] [--rows 1,2,4,8,16,32,512] [--write-docs]
         [--docs-section NAME]
@@ -43,9 +44,9 @@ SHAPES = [
 CACHE_BYTES = 256 * 2**20  # more than any last-level cache this runs on
 
 
-def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, float, float, float]]:
-    """(shape, rows, F.linear ms, W @ x^T path ms, oneDNN ms, compiled kernel ms) medians; the last
-    is nan without the compiled kernels."""
+def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, float, float, float, float]]:
+    """(shape, rows, F.linear ms, W @ x^T path ms, oneDNN ms, compiled kernel ms, compiled kernel
+    over the bf16-held weight ms) medians; the last two are nan without the compiled kernels."""
     compiled = cpu_kernels()
     results = []
     generator = torch.Generator().manual_seed(0)
@@ -53,6 +54,9 @@ def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, f
         copies = min(64, max(3, CACHE_BYTES // (n * k * 4)))  # 3 or more: the paths never share one
         weights = [torch.randn(n, k, generator=generator) for _ in range(copies)]
         packed = [prepack(w) for w in weights]
+        # The same weights held in bf16, widened by the kernel as it reads them (a draft's, on
+        # AVX2 CPUs: engine/worker/model_runner.py's draft_weights_in_bf16).
+        halves = [w.bfloat16() for w in weights] if compiled is not None else []
         for rows in rows_list:
             x = torch.randn(rows, k, generator=generator)
             paths = [lambda j: F.linear(x, weights[j]),  # (in the order of the result's columns)
@@ -60,6 +64,7 @@ def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, f
                      lambda j: onednn_linear(x, packed[j])]
             if compiled is not None:
                 paths.append(lambda j: compiled.skinny_linear(x, weights[j]))
+                paths.append(lambda j: compiled.skinny_linear(x, halves[j]))
             samples: list[list[float]] = [[] for _ in paths]
             calls = 0  # every call takes the next copy: none finds its weight in the cache
             with torch.inference_mode():
@@ -72,27 +77,29 @@ def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, f
                         if i >= 2:
                             times.append(time.perf_counter() - started)
             medians = [1e3 * statistics.median(times) for times in samples]
-            results.append((name, rows, *medians, *([float("nan")] * (4 - len(medians)))))
+            results.append((name, rows, *medians, *([float("nan")] * (5 - len(medians)))))
             print(f"{name} {rows} rows: " + " / ".join(f"{v:.3f}" for v in results[-1][2:]) + " ms", flush=True)
     return results
 
 
-def table(results: list[tuple[str, int, float, float, float, float]], args: argparse.Namespace) -> str:
+def table(results: list[tuple[str, int, float, float, float, float, float]], args: argparse.Namespace) -> str:
     lines = [
         f"Medians of {args.repeats} calls, {args.threads} threads, weights cycled from memory; ms. W @ x^T: "
         "kernels/small_rows_linear.py's MKL fallback (2-32 rows as W @ x^T, else F.linear). Few-row kernel: "
-        "kernels/cpu/skinny_linear.cpp, the engine's float32 path for up to 16 rows on AVX2 CPUs "
-        f"({'used' if small_rows_linear.skinny_enabled() else 'not used'} on this one).",
+        f"kernels/cpu/skinny_linear.cpp, the engine's float32 path for up to {small_rows_linear.SKINNY_MAX_ROWS} "
+        f"rows on AVX2 CPUs ({'used' if small_rows_linear.skinny_enabled() else 'not used'} on this one); "
+        "bf16 weight: the same kernel over the weight held in bf16 and widened as it is read (float32 "
+        "arithmetic; a draft's weights on AVX2 CPUs).",
         "",
         "| linear | out x in | rows | F.linear ms | W @ x^T path ms | oneDNN prepacked ms | few-row kernel ms | "
-        "oneDNN / few-row kernel |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "oneDNN / few-row kernel | few-row kernel, bf16 weight ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     shapes = {name: (n, k) for name, n, k in SHAPES}
-    for name, rows, linear, small_rows, onednn, skinny in results:
+    for name, rows, linear, small_rows, onednn, skinny, skinny_bf16 in results:
         n, k = shapes[name]
         lines.append(f"| {name} | {n} x {k} | {rows} | {linear:.3f} | {small_rows:.3f} | {onednn:.3f} | "
-                     f"{skinny:.3f} | {onednn / skinny:.2f}x |")
+                     f"{skinny:.3f} | {onednn / skinny:.2f}x | {skinny_bf16:.3f} |")
     return "\n".join(lines)
 
 

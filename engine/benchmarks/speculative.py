@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     reference_llm = engines["none"]
     dtype = str(reference_llm.engine.runner.dtype).removeprefix("torch.")
     draft_dtypes = sorted({str(llm.engine.runner.draft_dtype).removeprefix("torch.")
+                           + (" over bf16-held weights" if llm.engine.runner.draft_bf16_weights else "")
                            for llm in engines.values() if llm.engine.runner.draft is not None})
     prompts_by_workload = workloads(reference_llm)
     samples: dict[tuple[str, str, int], list[dict]] = {}

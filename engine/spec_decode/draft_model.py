@@ -92,10 +92,13 @@ def resolve_draft_path(config: SpeculativeConfig, target: ResolvedModel) -> str:
 
 
 def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfig, dtype: torch.dtype,
-                     device: torch.device, *, inference_only: bool = True) -> DraftModel:
+                     device: torch.device, *, inference_only: bool = True, bf16_weights: bool = False) -> DraftModel:
     """inference_only: its linears in their fastest execution form (prepacked for oneDNN on a
     CPU), which exposes no `.weight`; False keeps plain weights for code that reads them
-    (drafts/: continuing an exported head)."""
+    (drafts/: continuing an exported head). bf16_weights (with inference_only, a float32 dtype and
+    a reduced vocabulary or an EAGLE head): the decoder linears, the fc and the reduced output head
+    hold their weights in bf16 and compute in float32 (engine/worker/model_runner.py's
+    draft_weights_in_bf16)."""
     resolved = resolve_model(path)
     if resolved.format == "gguf":
         model, arch = load_model(resolved, dtype=dtype, device=device, progress=False, inference_only=inference_only)
@@ -148,6 +151,11 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
     head_packed = fc_packed = None
     if inference_only and head_weight is None and kind == "layers":
         prepare_for_inference(model, None, device)  # its decoder and its full-vocabulary head
+    elif inference_only and bf16_weights and dtype == torch.float32:
+        prepare_draft_layers(model, device, bf16_weights=True)
+        # (The reduced head's rows are a copy: the target's own head keeps its float32 weight.)
+        head_weight = head_weight.bfloat16() if head_weight is not None else None
+        fc_weight = fc_weight.bfloat16() if fc_weight is not None else None
     elif inference_only and prepare_draft_layers(model, device):
         if head_weight is not None:
             head_packed = prepack(head_weight)

@@ -41,6 +41,7 @@ from engine.worker.kv_cache import (
     num_blocks_for_budget,
 )
 from kernels.onednn_linear import onednn_bf16_available
+from kernels.small_rows_linear import skinny_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,18 @@ def resolve_draft_dtype(config: SpeculativeConfig, target_dtype: torch.dtype, de
     if config.draft_dtype != "auto":
         return _DTYPES[config.draft_dtype]
     return auto_dtype(device) if target_dtype == torch.float32 else target_dtype
+
+
+def draft_weights_in_bf16(config: SpeculativeConfig, draft_dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a float32 draft ("auto" under a float32 target, on a CPU without native bf16)
+    holds its weights in bf16 and computes in float32: where the compiled few-row kernel runs
+    (AVX2 CPUs), which widens bf16 weights as it reads them, a draft position reads half the
+    bytes. The shipped drafts' layers are stored in bf16 (drafts/), so their products are
+    unchanged; the reduced output head, rows of the target's float32 head, is rounded to bf16,
+    which can move acceptance a little, never the output. draft_dtype="float32" keeps it all in
+    float32."""
+    return (config.draft_dtype == "auto" and draft_dtype == torch.float32 and device.type == "cpu"
+            and skinny_enabled())
 
 
 class ModelRunner:
@@ -127,12 +140,15 @@ class ModelRunner:
         self._draft_model_name = self.speculative_config.draft_model
         self.draft = None
         self.draft_dtype = self.dtype
+        self.draft_bf16_weights = False  # float32 arithmetic over bf16-held weights (draft_weights_in_bf16)
         self._draft_kv_bytes_per_block = 0
         if self.speculative_config.uses_draft_model:
             if draft_path is None:
                 raise ValueError(f"speculative {self.speculative_config.method!r} needs a draft model")
             self.draft_dtype = resolve_draft_dtype(self.speculative_config, self.dtype, self.device)
-            self.draft = load_draft_model(draft_path, self.model, self.arch, self.draft_dtype, self.device)
+            self.draft_bf16_weights = draft_weights_in_bf16(self.speculative_config, self.draft_dtype, self.device)
+            self.draft = load_draft_model(draft_path, self.model, self.arch, self.draft_dtype, self.device,
+                                          bf16_weights=self.draft_bf16_weights)
             # An EAGLE head (it has fc) drafts from the target's states; any other draft is a model.
             self._draft_proposer_class = EagleProposer if self.draft.fc_weight is not None else DraftModelProposer
             self._draft_kv_bytes_per_block = self._draft_proposer_class.kv_bytes_per_block(

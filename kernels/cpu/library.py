@@ -71,7 +71,10 @@ class CpuKernels:
         self._store = self._bind("draftgate_store_kv", _STORE_ARGS)
         self._rms_norm = self._bind("draftgate_rms_norm", _RMS_NORM_ARGS)
         self._silu_mul = self._bind("draftgate_silu_mul", _SILU_MUL_ARGS)
-        self._skinny_linear = self._bind("draftgate_skinny_linear", _SKINNY_LINEAR_ARGS)
+        self._skinny_linear = {
+            torch.float32: self._bind("draftgate_skinny_linear", _SKINNY_LINEAR_ARGS),
+            torch.bfloat16: self._bind("draftgate_skinny_linear_bf16", _SKINNY_LINEAR_ARGS),
+        }
 
     def _bind(self, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
         """A C function of the library; every one returns an int status (0: success)."""
@@ -103,9 +106,11 @@ class CpuKernels:
 
     @staticmethod
     def supports_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-        """float32 CPU tensors, x 2-D with unit column stride, the weight contiguous."""
+        """float32 CPU tensors, x 2-D with unit column stride, the weight contiguous (float32, or bf16
+        widened as it is read)."""
         return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
-                and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
+                and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+                and weight.is_contiguous()
                 and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu")))
 
     def plan(self, query_start_loc: list[int], seq_lens: list[int], sliding_window: int | None) -> CpuAttentionPlan:
@@ -227,23 +232,27 @@ class CpuKernels:
     def skinny_linear(
         self,
         x: torch.Tensor,  # [rows, in_features] float32
-        weight: torch.Tensor,  # [out_features, in_features] float32, contiguous
+        weight: torch.Tensor,  # [out_features, in_features] float32 or bfloat16, contiguous
         bias: torch.Tensor | None = None,  # [out_features] float32
     ) -> torch.Tensor:  # [rows, out_features] float32
         """y = x W^T (+ b), streaming the weight once for all the rows (kernels/cpu/skinny_linear.cpp);
-        each output's summation order is independent of the row count."""
+        each output's summation order is independent of the row count. A bf16 weight is widened to
+        float32 as it is read (exactly): the result equals the float32 weight's bit for bit."""
         rows, in_features = x.shape
         out_features = weight.shape[0]
         if weight.dim() != 2 or weight.shape[1] != in_features or (bias is not None and bias.shape != (out_features,)):
             raise ValueError(f"skinny_linear: x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
                              f"{None if bias is None else tuple(bias.shape)} do not match")
+        kernel = self._skinny_linear.get(weight.dtype)
+        if kernel is None:
+            raise ValueError(f"skinny_linear: a {weight.dtype} weight (float32 or bfloat16 only)")
         if bias is not None:
             bias = bias.contiguous()
         out = torch.empty((rows, out_features), dtype=torch.float32)
         error = ctypes.create_string_buffer(_ERROR_LEN)
-        status = self._skinny_linear(x.data_ptr(), x.stride(0) if rows > 1 else in_features, weight.data_ptr(),
-                                     bias.data_ptr() if bias is not None else None, out.data_ptr(), rows,
-                                     out_features, in_features, torch.get_num_threads(), error, _ERROR_LEN)
+        status = kernel(x.data_ptr(), x.stride(0) if rows > 1 else in_features, weight.data_ptr(),
+                        bias.data_ptr() if bias is not None else None, out.data_ptr(), rows,
+                        out_features, in_features, torch.get_num_threads(), error, _ERROR_LEN)
         if status != 0:
             raise ValueError(f"skinny_linear: {error.value.decode()}")
         return out

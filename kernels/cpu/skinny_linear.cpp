@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(DRAFTGATE_PORTABLE)
 #include <immintrin.h>
@@ -33,7 +34,19 @@ namespace {
 
 constexpr int kLanes8 = 8;  // float32 lanes of an AVX2 register, and of the portable emulation
 constexpr int kRowGroup = 8;  // input rows sharing one pass over a weight row
-constexpr int64_t kPrefetchAhead = 256;  // floats (1 KiB) ahead of the weight read
+constexpr int64_t kPrefetchBytes = 1024;  // how far ahead of the weight read to prefetch
+
+// bf16 weights are the top 16 bits of a float32: widening is exact, so a product over bf16
+// weights is the float32 product over the widened weights, bit for bit, at half the bytes read.
+using bf16 = uint16_t;
+
+inline float widen(float w) { return w; }
+inline float widen(bf16 w) {
+  const uint32_t bits = static_cast<uint32_t>(w) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
 
 #ifdef DRAFTGATE_SKINNY_AVX2
 inline float fold(__m256 v) {  // (l0+l4 + l1+l5) + (l2+l6 + l3+l7)
@@ -43,10 +56,17 @@ inline float fold(__m256 v) {  // (l0+l4 + l1+l5) + (l2+l6 + l3+l7)
   return _mm_cvtss_f32(s);
 }
 
+inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+inline __m256 load8(const bf16* w) {  // 8 bf16 -> 8 float32, shifted into the high halves
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
 // out[r * out_stride + t] = dot(x[r, :K], w[t, :K]) for R input rows `x_stride` floats apart and
-// NT weight rows K floats apart. kPrefetch: the weight comes from memory (the first pass over it).
-template <int NT, int R, bool kPrefetch>
-inline void dot_tile(const float* x, int64_t x_stride, const float* w, int64_t K, float* out, int64_t out_stride) {
+// NT weight rows K elements apart. kPrefetch: the weight comes from memory (the first pass over it).
+template <int NT, int R, bool kPrefetch, typename W>
+inline void dot_tile(const float* x, int64_t x_stride, const W* w, int64_t K, float* out, int64_t out_stride) {
+  constexpr int64_t kAhead = kPrefetchBytes / sizeof(W);
   __m256 acc[NT][R];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps();
@@ -54,8 +74,8 @@ inline void dot_tile(const float* x, int64_t x_stride, const float* w, int64_t K
   for (int64_t k = 0; k < k_vec; k += kLanes8) {
     __m256 wv[NT];
     for (int t = 0; t < NT; ++t) {
-      if (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(w + t * K + k + kPrefetchAhead), _MM_HINT_T0);
-      wv[t] = _mm256_loadu_ps(w + t * K + k);
+      if (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(w + t * K + k + kAhead), _MM_HINT_T0);
+      wv[t] = load8(w + t * K + k);
     }
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_loadu_ps(x + r * x_stride + k);
@@ -65,32 +85,33 @@ inline void dot_tile(const float* x, int64_t x_stride, const float* w, int64_t K
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < R; ++r) {
       float sum = fold(acc[t][r]);
-      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(w[t * K + k], x[r * x_stride + k], sum);
+      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(widen(w[t * K + k]), x[r * x_stride + k], sum);
       out[r * out_stride + t] = sum;
     }
 }
 #else
-template <int NT, int R, bool kPrefetch>
-inline void dot_tile(const float* x, int64_t x_stride, const float* w, int64_t K, float* out, int64_t out_stride) {
+template <int NT, int R, bool kPrefetch, typename W>
+inline void dot_tile(const float* x, int64_t x_stride, const W* w, int64_t K, float* out, int64_t out_stride) {
   float acc[NT][R][kLanes8] = {};
   const int64_t k_vec = K - K % kLanes8;
   for (int64_t k = 0; k < k_vec; k += kLanes8)
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < R; ++r)
         for (int l = 0; l < kLanes8; ++l)
-          acc[t][r][l] = std::fma(w[t * K + k + l], x[r * x_stride + k + l], acc[t][r][l]);
+          acc[t][r][l] = std::fma(widen(w[t * K + k + l]), x[r * x_stride + k + l], acc[t][r][l]);
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < R; ++r) {
       const float* a = acc[t][r];
       float sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(w[t * K + k], x[r * x_stride + k], sum);
+      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(widen(w[t * K + k]), x[r * x_stride + k], sum);
       out[r * out_stride + t] = sum;
     }
 }
 #endif
 
 // The first pass over one weight row, streamed from memory: 1 to 8 input rows.
-inline void first_pass(int rows, const float* x, int64_t x_stride, const float* w, int64_t K, float* out,
+template <typename W>
+inline void first_pass(int rows, const float* x, int64_t x_stride, const W* w, int64_t K, float* out,
                        int64_t out_stride) {
   switch (rows) {
     case 1: dot_tile<1, 1, true>(x, x_stride, w, K, out, out_stride); break;
@@ -107,13 +128,12 @@ inline void first_pass(int rows, const float* x, int64_t x_stride, const float* 
 }  // namespace
 }  // namespace draftgate
 
-using namespace draftgate;
+namespace draftgate {
+namespace {
 
-// x: [M, K] rows `x_stride` floats apart; w: [N, K] contiguous; bias: [N] or null; y: [M, N]
-// contiguous. Returns 0, or 1 with a message in `error`.
-extern "C" int draftgate_skinny_linear(const float* x, int64_t x_stride, const float* w, const float* bias, float* y,
-                                       int64_t M, int64_t N, int64_t K, int32_t num_threads, char* error,
-                                       int64_t error_len) {
+template <typename W>
+int skinny_linear(const float* x, int64_t x_stride, const W* w, const float* bias, float* y, int64_t M, int64_t N,
+                  int64_t K, int32_t num_threads, char* error, int64_t error_len) {
   if (M < 0 || N < 0 || K < 0 || x_stride < K) {
     std::snprintf(error, static_cast<size_t>(error_len), "bad sizes M=%lld N=%lld K=%lld x_stride=%lld",
                   static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
@@ -153,4 +173,22 @@ extern "C" int draftgate_skinny_linear(const float* x, int64_t x_stride, const f
     }
   }
   return 0;
+}
+
+}  // namespace
+}  // namespace draftgate
+
+// x: [M, K] float32 rows `x_stride` floats apart; w: [N, K] contiguous, float32 or (the _bf16
+// entry) bf16; bias: [N] float32 or null; y: [M, N] float32 contiguous. Returns 0, or 1 with a
+// message in `error`.
+extern "C" int draftgate_skinny_linear(const float* x, int64_t x_stride, const float* w, const float* bias, float* y,
+                                       int64_t M, int64_t N, int64_t K, int32_t num_threads, char* error,
+                                       int64_t error_len) {
+  return draftgate::skinny_linear(x, x_stride, w, bias, y, M, N, K, num_threads, error, error_len);
+}
+
+extern "C" int draftgate_skinny_linear_bf16(const float* x, int64_t x_stride, const uint16_t* w, const float* bias,
+                                            float* y, int64_t M, int64_t N, int64_t K, int32_t num_threads,
+                                            char* error, int64_t error_len) {
+  return draftgate::skinny_linear(x, x_stride, w, bias, y, M, N, K, num_threads, error, error_len);
 }

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers.quant_linear import PackedLinear
+from engine.model.layers.quant_linear import Bf16WeightLinear, PackedLinear
 from kernels import small_rows_linear
 from kernels.cpu import CpuKernels
 from kernels.onednn_linear import onednn_available
@@ -68,12 +68,27 @@ def test_a_row_is_bit_identical_alone_and_in_any_batch(compiled: CpuKernels) -> 
     assert torch.equal(compiled.skinny_linear(x[3:14], weight, bias), alone[3:14])
 
 
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 40])
+def test_a_bf16_weight_is_the_widened_float32_weight_bit_for_bit(compiled: CpuKernels, rows: int) -> None:
+    """bf16 weights are widened exactly as they are read, so the product is the float32 one over
+    the widened weight, bit for bit: what lets a draft hold its weights in half the bytes."""
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 579, generator=generator)  # a K % 8 tail too
+    weight = torch.randn(67, 579, generator=generator).bfloat16()
+    bias = torch.randn(67, generator=generator)
+    assert torch.equal(compiled.skinny_linear(x, weight, bias), compiled.skinny_linear(x, weight.float(), bias))
+    assert_within_rounding(compiled.skinny_linear(x, weight), x, weight.float(), None)
+
+
 def test_bad_shapes_raise(compiled: CpuKernels) -> None:
     with pytest.raises(ValueError, match="do not match"):
         compiled.skinny_linear(torch.randn(2, 8), torch.randn(4, 9))
     with pytest.raises(ValueError, match="do not match"):
         compiled.skinny_linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(5))
     assert not compiled.supports_skinny_linear(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8))
+    assert not compiled.supports_skinny_linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        compiled.skinny_linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float16))
     assert not compiled.supports_skinny_linear(torch.randn(2, 8), torch.randn(8, 4).t())  # not contiguous
     assert not compiled.supports_skinny_linear(torch.randn(8, 2).t(), torch.randn(4, 8))  # column stride 8
 
@@ -90,6 +105,8 @@ def test_the_portable_build_is_bit_identical(compiled: CpuKernels, tmp_path: Pat
         weight = torch.randn(257, in_features, generator=generator)
         bias = torch.randn(257, generator=generator)
         assert torch.equal(portable.skinny_linear(x, weight, bias), compiled.skinny_linear(x, weight, bias))
+        half = weight.bfloat16()
+        assert torch.equal(portable.skinny_linear(x, half, bias), compiled.skinny_linear(x, half, bias))
 
 
 def test_dispatch_takes_few_float32_rows_only(compiled: CpuKernels) -> None:
@@ -123,3 +140,19 @@ def test_packed_linear_keeps_one_weight_and_computes_every_row_count(prepack_too
     for rows in (1, 4, 16, 17, 64):
         x = torch.randn(rows, 96, generator=generator)
         torch.testing.assert_close(layer(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_weight_linear_holds_half_the_bytes_and_computes_every_row_count() -> None:
+    """Bf16WeightLinear: float32 arithmetic over the weight rounded to bf16, through the kernel for
+    few rows and a widened weight for more (where the kernel is not built: widened always)."""
+    generator = torch.Generator().manual_seed(13)
+    weight = torch.randn(200, 96, generator=generator)
+    bias = torch.randn(200, generator=generator)
+    layer = Bf16WeightLinear(weight, bias, [120, 80])
+    assert layer.weight_bf16.dtype == torch.bfloat16 and layer.stored_bytes() == 200 * 96 * 2 + 200 * 4
+    widened = weight.bfloat16().float()
+    for rows in (1, 4, 16, 40, 41, 64):
+        x = torch.randn(rows, 96, generator=generator)
+        y = layer(x)
+        assert y.dtype == torch.float32 and y.shape == (rows, 200)
+        torch.testing.assert_close(y, F.linear(x, widened, bias), rtol=1e-5, atol=1e-5)

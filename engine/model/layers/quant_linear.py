@@ -90,6 +90,26 @@ class PackedLinear(_ExecutionLinear):
         return [self.packed if self.packed is not None else self.plain_weight]
 
 
+class Bf16WeightLinear(_ExecutionLinear):
+    """float32 arithmetic over a weight held in bf16: half the bytes a forward reads, for a draft
+    whose few-row passes are bound by reading its weights (engine/worker/model_runner.py's
+    draft_weights_in_bf16). Few rows take the compiled kernel, which widens the weight exactly as
+    it reads it (kernels/small_rows_linear.py); more rows (prefill chunks) widen it for the call."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
+                 *, float_output: bool = False) -> None:  # weight: [N, K] float32 or bf16
+        super().__init__(weight.shape[1], output_sizes or [weight.shape[0]], bias, float_output)
+        if self.bias is not None:
+            self.bias = self.bias.float()
+        self.weight_bf16 = weight.detach().to(torch.bfloat16).contiguous()  # [N, K]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, K] float32 -> [num_tokens, N] float32
+        return self._finish(small_rows_linear.linear(x, self.weight_bf16, self.bias))
+
+    def _stored(self) -> list[torch.Tensor]:
+        return [self.weight_bf16]
+
+
 class Int8Linear(_ExecutionLinear):
     """Weight-only int8, one scale per output channel."""
 

@@ -14,7 +14,8 @@ from drafts.eagle import TrainableEagle, init_eagle
 from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.calibration import ConfidenceCalibration
-from engine.spec_decode.draft_model import load_draft_model
+from engine.model.layers.quant_linear import Bf16WeightLinear
+from engine.spec_decode.draft_model import _draft_logits, load_draft_model
 from engine.spec_decode.eagle import FLUSH_TOKENS, RIDE_TOKENS, SPLIT_ROWS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 
@@ -278,3 +279,29 @@ def test_folder_kind_is_checked(setup, tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown draftgate kind"):
         load_draft_model(str(tmp_path), target.engine_model, target.arch, torch.float32, torch.device("cpu"))
     assert isinstance(head, TrainableEagle)
+
+
+def test_bf16_weights_change_only_the_rounding_of_the_output_head(setup, tmp_path) -> None:
+    """bf16_weights (float32 drafts on AVX2 CPUs, model_runner.draft_weights_in_bf16): a head
+    exported in bf16 computes its layers as before (the products are the widened weights'), and
+    its reduced output head, rows of the target's float32 head, is the float32 one rounded."""
+    head, _, ids, states = setup
+    target = load_target(None, device=torch.device("cpu"), dtype=torch.float32, progress=False)
+    export_draft(head, str(tmp_path), target_name=target.name, shared_embedding=True, dtype=torch.bfloat16)
+    args = (str(tmp_path), target.engine_model, target.arch, torch.float32, torch.device("cpu"))
+    full, half = load_draft_model(*args), load_draft_model(*args, bf16_weights=True)
+    linears = [m for m in half.model.layers.modules() if isinstance(m, Bf16WeightLinear)]
+    assert len(linears) >= 5 and all(m.weight_bf16.dtype == torch.bfloat16 for m in linears)
+    assert torch.equal(half.head_weight, full.head_weight.bfloat16())
+    assert torch.equal(half.fc_weight.float(), full.fc_weight)  # exported in bf16: nothing to round
+    newest = []
+    for draft in (full, half):
+        proposer = _proposer(draft)
+        _observe(proposer, ids, states, 0, len(ids))
+        proposer._catch_up(["r"])
+        newest.append(proposer._newest["r"][1])
+    torch.testing.assert_close(newest[1], newest[0], atol=1e-4, rtol=1e-4)  # summation order only
+    hidden = newest[0][None]  # [1, hidden]
+    torch.testing.assert_close(_draft_logits(half, hidden), hidden @ full.head_weight.bfloat16().float().t(),
+                               atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(_draft_logits(half, hidden), _draft_logits(full, hidden), atol=1e-6, rtol=0)
