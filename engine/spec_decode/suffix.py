@@ -12,9 +12,42 @@ proposer compares with the draft model's.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, OrderedDict
 
 from engine.spec_decode.proposer import Proposal, ProposalRequest
+
+# An n-gram's occurrences: one occurrence is a plain int, more an int64 array (oldest first).
+# The indexes hold one entry per distinct n-gram (1.8M for a full global index of 256 outputs of
+# 1,000 tokens), and most occur once: an int is not tracked by the garbage collector, where every
+# list (and every array: tracked too on this Python) is walked by each gen-2 collection. As
+# lists, a collection over a full global index took 370 ms (and paused an 8-stream benchmark
+# step for 62 ms); as arrays 226 ms; with the single occurrences as ints, see
+# tests/engine/spec_decode/test_suffix.py.
+_POSITIONS = "q"
+_END_BITS = 32  # a global occurrence is packed as (output number << _END_BITS) | end
+_END_MASK = (1 << _END_BITS) - 1
+Occurrences = int | array
+
+
+def _add_occurrence(ends: dict[tuple[int, ...], Occurrences], key: tuple[int, ...], value: int,
+                    max_occurrences: int) -> None:
+    found = ends.get(key)
+    if found is None:
+        ends[key] = value
+        return
+    if type(found) is int:
+        found = ends[key] = array(_POSITIONS, (found,))
+    found.append(value)
+    if len(found) > max_occurrences:
+        del found[0]
+
+
+def _sequence(found: Occurrences | None) -> tuple[int, ...] | array:
+    """The occurrences as a sequence, oldest first."""
+    if found is None:
+        return ()
+    return (found,) if type(found) is int else found
 
 
 class NgramIndex:
@@ -24,7 +57,7 @@ class NgramIndex:
         self.max_ngram = max_ngram
         self.max_occurrences = max_occurrences
         self.tokens: list[int] = []
-        self.ends: dict[tuple[int, ...], list[int]] = {}
+        self.ends: dict[tuple[int, ...], Occurrences] = {}  # n-gram -> end positions, increasing
 
     def extend(self, new_tokens: list[int]) -> None:
         tokens, ends = self.tokens, self.ends
@@ -32,24 +65,16 @@ class NgramIndex:
             tokens.append(token)
             end = len(tokens) - 1
             for n in range(1, min(self.max_ngram, len(tokens)) + 1):
-                key = tuple(tokens[end - n + 1 : end + 1])
-                positions = ends.get(key)
-                if positions is None:
-                    ends[key] = [end]
-                else:
-                    positions.append(end)
-                    if len(positions) > self.max_occurrences:
-                        del positions[0]
+                _add_occurrence(ends, tuple(tokens[end - n + 1 : end + 1]), end, self.max_occurrences)
 
     def occurrences(self, key: tuple[int, ...], before: int) -> list[int]:
         """End positions of `key` that end strictly before `before` and have a continuation,
         most recent first."""
-        positions = self.ends.get(key, ())
-        return [p for p in reversed(positions) if p < before - 1]
+        return [p for p in reversed(_sequence(self.ends.get(key))) if p < before - 1]
 
     def occurs(self, key: tuple[int, ...], before: int) -> bool:
         """Whether occurrences(key, before) is not empty (positions are kept in increasing order)."""
-        positions = self.ends.get(key)
+        positions = _sequence(self.ends.get(key))
         return bool(positions) and positions[0] < before - 1
 
 
@@ -69,7 +94,8 @@ class RecentOutputsIndex:
         self.max_outputs = max_outputs
         self.max_tokens = max_tokens
         self.outputs: OrderedDict[int, list[int]] = OrderedDict()  # number -> tokens, oldest first
-        self.ends: dict[tuple[int, ...], list[tuple[int, int]]] = {}  # (number, end), oldest first
+        # n-gram -> (number << _END_BITS) | end of its occurrences, oldest first
+        self.ends: dict[tuple[int, ...], Occurrences] = {}
         self.num_tokens = 0
         self._next = 0
 
@@ -79,19 +105,16 @@ class RecentOutputsIndex:
                 yield tuple(tokens[end - n + 1: end + 1]), end
 
     def add(self, tokens: list[int]) -> None:
+        if len(tokens) > _END_MASK:
+            raise ValueError(f"an output of {len(tokens)} tokens is longer than the index packs")
         number = self._next
         self._next += 1
         self.outputs[number] = tokens
         self.num_tokens += len(tokens)
         ends = self.ends
+        packed_number = number << _END_BITS
         for key, end in self._ngrams(tokens):
-            found = ends.get(key)
-            if found is None:
-                ends[key] = [(number, end)]
-            else:
-                found.append((number, end))
-                if len(found) > self.max_occurrences:
-                    del found[0]
+            _add_occurrence(ends, key, packed_number | end, self.max_occurrences)
         while self.outputs and (len(self.outputs) > self.max_outputs or self.num_tokens > self.max_tokens):
             self._evict_oldest()
 
@@ -103,7 +126,11 @@ class RecentOutputsIndex:
             found = ends.get(key)
             if found is None:
                 continue  # an earlier n-gram of this output emptied it already
-            while found and found[0][0] == number:  # (trimmed to max_occurrences, maybe already gone)
+            if type(found) is int:
+                if found >> _END_BITS == number:
+                    del ends[key]
+                continue
+            while found and found[0] >> _END_BITS == number:  # (trimmed to max_occurrences, maybe gone)
                 del found[0]
             if not found:
                 del ends[key]
@@ -114,7 +141,8 @@ class RecentOutputsIndex:
     def sources(self, key: tuple[int, ...]) -> list[tuple[list[int], int]]:
         """(tokens, end) of key's occurrences, most recent first."""
         outputs = self.outputs
-        return [(outputs[number], end) for number, end in reversed(self.ends.get(key, ()))]
+        found = reversed(_sequence(self.ends.get(key)))
+        return [(outputs[packed >> _END_BITS], packed & _END_MASK) for packed in found]
 
     def clear(self) -> None:
         self.outputs.clear()

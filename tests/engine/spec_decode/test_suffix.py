@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.spec_decode.proposer import ProposalRequest
+from engine.spec_decode import suffix
 from engine.spec_decode.suffix import SuffixProposer
 
 
@@ -88,7 +89,8 @@ def test_recent_outputs_index_matches_a_scan_of_the_outputs_it_holds() -> None:
                 assert proposer._global.occurs(key) == bool(expected)
     # Every occurrence of an output that left is gone (nothing kept alive by stale entries).
     numbers = set(proposer._global.outputs)
-    assert all(number in numbers for found in proposer._global.ends.values() for number, _ in found)
+    assert all(packed >> suffix._END_BITS in numbers for found in proposer._global.ends.values()
+               for packed in suffix._sequence(found))
     proposer.forget_outputs()
     assert not proposer._global.ends and proposer._global.num_tokens == 0
 
@@ -121,3 +123,26 @@ def test_shortest_first_search_finds_what_longest_first_finds() -> None:
                                                        else ([], []))
             output.append(rng.randrange(alphabet))
         proposer.finish(f"r{r}", output)
+
+
+def test_single_occurrences_leave_nothing_for_the_garbage_collector_to_walk() -> None:
+    """An n-gram seen once is a plain int, which gc does not track (lists of one, as before, made
+    every gen-2 collection over a full global index take ~370 ms, pausing the engine mid-step);
+    repeated ones keep their occurrences, oldest first, trimmed to max_occurrences."""
+    import gc
+    import random
+
+    proposer = SuffixProposer(max_drafts=8)
+    generator = random.Random(0)
+    outputs = [[generator.randrange(500) for _ in range(60)] for _ in range(20)]
+    outputs += outputs[:3]  # repeated text: n-grams with several occurrences
+    for i, tokens in enumerate(outputs):
+        proposer.finish(f"r{i}", tokens)
+    proposer.propose([ProposalRequest("live", outputs[0][:30], [], num_drafts=4)])
+    indexes = [proposer._global.ends, *(index.ends for index in proposer._requests.values())]
+    entries = [found for ends in indexes for found in ends.values()]
+    singles = [found for found in entries if isinstance(found, int)]
+    assert len(singles) > len(entries) // 2 and not any(gc.is_tracked(found) for found in singles)
+    repeated = [found for found in entries if not isinstance(found, int)]
+    assert repeated and all(2 <= len(found) <= proposer.max_occurrences for found in repeated)
+    assert all(list(found) == sorted(found) for found in repeated)
