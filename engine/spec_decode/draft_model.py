@@ -76,6 +76,8 @@ class DraftModel:
     # [embedding; target state] into its layer. None: a standalone draft model.
     fc_weight: torch.Tensor | None = None
     fc_packed: torch.Tensor | None = None  # fc_weight prepacked for oneDNN, like head_packed
+    # float32 arithmetic over weights held in bf16 (load_draft_model's bf16_weights, applied)
+    bf16_weights: bool = False
 
 
 def resolve_draft_path(config: SpeculativeConfig, target: ResolvedModel) -> str:
@@ -149,10 +151,11 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
         # Most of an EAGLE head's positions only write KV (eagle.py): a k/v projection of its own.
         model.layers[0].self_attn.add_kv_projection()
     head_packed = fc_packed = None
+    held_in_bf16 = False
     if inference_only and head_weight is None and kind == "layers":
         prepare_for_inference(model, None, device)  # its decoder and its full-vocabulary head
     elif inference_only and bf16_weights and dtype == torch.float32:
-        prepare_draft_layers(model, device, bf16_weights=True)
+        held_in_bf16 = prepare_draft_layers(model, device, bf16_weights=True)
         # (The reduced head's rows are a copy: the target's own head keeps its float32 weight.)
         head_weight = head_weight.bfloat16() if head_weight is not None else None
         fc_weight = fc_weight.bfloat16() if fc_weight is not None else None
@@ -161,7 +164,7 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
             head_packed = prepack(head_weight)
         if fc_weight is not None:
             fc_packed = prepack(fc_weight)
-    return DraftModel(model, arch, head_weight, vocab_ids, head_packed, fc_weight, fc_packed)
+    return DraftModel(model, arch, head_weight, vocab_ids, head_packed, fc_weight, fc_packed, held_in_bf16)
 
 
 def _check_vocab(arch: ArchConfig, target_arch: ArchConfig, path: str) -> None:

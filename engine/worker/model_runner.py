@@ -146,9 +146,10 @@ class ModelRunner:
             if draft_path is None:
                 raise ValueError(f"speculative {self.speculative_config.method!r} needs a draft model")
             self.draft_dtype = resolve_draft_dtype(self.speculative_config, self.dtype, self.device)
-            self.draft_bf16_weights = draft_weights_in_bf16(self.speculative_config, self.draft_dtype, self.device)
-            self.draft = load_draft_model(draft_path, self.model, self.arch, self.draft_dtype, self.device,
-                                          bf16_weights=self.draft_bf16_weights)
+            self.draft = load_draft_model(
+                draft_path, self.model, self.arch, self.draft_dtype, self.device,
+                bf16_weights=draft_weights_in_bf16(self.speculative_config, self.draft_dtype, self.device))
+            self.draft_bf16_weights = self.draft.bf16_weights  # (not for GGUF drafts, loaded as they are)
             # An EAGLE head (it has fc) drafts from the target's states; any other draft is a model.
             self._draft_proposer_class = EagleProposer if self.draft.fc_weight is not None else DraftModelProposer
             self._draft_kv_bytes_per_block = self._draft_proposer_class.kv_bytes_per_block(

@@ -290,6 +290,7 @@ def test_bf16_weights_change_only_the_rounding_of_the_output_head(setup, tmp_pat
     export_draft(head, str(tmp_path), target_name=target.name, shared_embedding=True, dtype=torch.bfloat16)
     args = (str(tmp_path), target.engine_model, target.arch, torch.float32, torch.device("cpu"))
     full, half = load_draft_model(*args), load_draft_model(*args, bf16_weights=True)
+    assert half.bf16_weights and not full.bf16_weights
     linears = [m for m in half.model.layers.modules() if isinstance(m, Bf16WeightLinear)]
     assert len(linears) >= 5 and all(m.weight_bf16.dtype == torch.bfloat16 for m in linears)
     assert torch.equal(half.head_weight, full.head_weight.bfloat16())
