@@ -22,7 +22,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
+
+#include "vec.h"  // bf16_t, to_float
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(DRAFTGATE_PORTABLE)
 #include <immintrin.h>
@@ -36,17 +37,9 @@ constexpr int kLanes8 = 8;  // float32 lanes of an AVX2 register, and of the por
 constexpr int kRowGroup = 8;  // input rows sharing one pass over a weight row
 constexpr int64_t kPrefetchBytes = 1024;  // how far ahead of the weight read to prefetch
 
-// bf16 weights are the top 16 bits of a float32: widening is exact, so a product over bf16
-// weights is the float32 product over the widened weights, bit for bit, at half the bytes read.
-using bf16 = uint16_t;
-
-inline float widen(float w) { return w; }
-inline float widen(bf16 w) {
-  const uint32_t bits = static_cast<uint32_t>(w) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+// bf16 weights (vec.h's bf16_t) are the top 16 bits of a float32: widening is exact, so a
+// product over bf16 weights is the float32 product over the widened weights, bit for bit, at
+// half the bytes read.
 
 #ifdef DRAFTGATE_SKINNY_AVX2
 inline float fold(__m256 v) {  // (l0+l4 + l1+l5) + (l2+l6 + l3+l7)
@@ -57,7 +50,7 @@ inline float fold(__m256 v) {  // (l0+l4 + l1+l5) + (l2+l6 + l3+l7)
 }
 
 inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
-inline __m256 load8(const bf16* w) {  // 8 bf16 -> 8 float32, shifted into the high halves
+inline __m256 load8(const bf16_t* w) {  // 8 bf16 -> 8 float32, shifted into the high halves
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
@@ -85,7 +78,7 @@ inline void dot_tile(const float* x, int64_t x_stride, const W* w, int64_t K, fl
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < R; ++r) {
       float sum = fold(acc[t][r]);
-      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(widen(w[t * K + k]), x[r * x_stride + k], sum);
+      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(to_float(w[t * K + k]), x[r * x_stride + k], sum);
       out[r * out_stride + t] = sum;
     }
 }
@@ -98,12 +91,12 @@ inline void dot_tile(const float* x, int64_t x_stride, const W* w, int64_t K, fl
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < R; ++r)
         for (int l = 0; l < kLanes8; ++l)
-          acc[t][r][l] = std::fma(widen(w[t * K + k + l]), x[r * x_stride + k + l], acc[t][r][l]);
+          acc[t][r][l] = std::fma(to_float(w[t * K + k + l]), x[r * x_stride + k + l], acc[t][r][l]);
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < R; ++r) {
       const float* a = acc[t][r];
       float sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(widen(w[t * K + k]), x[r * x_stride + k], sum);
+      for (int64_t k = k_vec; k < K; ++k) sum = std::fma(to_float(w[t * K + k]), x[r * x_stride + k], sum);
       out[r * out_stride + t] = sum;
     }
 }
@@ -124,12 +117,6 @@ inline void first_pass(int rows, const float* x, int64_t x_stride, const W* w, i
     default: dot_tile<1, 8, true>(x, x_stride, w, K, out, out_stride); break;
   }
 }
-
-}  // namespace
-}  // namespace draftgate
-
-namespace draftgate {
-namespace {
 
 template <typename W>
 int skinny_linear(const float* x, int64_t x_stride, const W* w, const float* bias, float* y, int64_t M, int64_t N,
@@ -187,8 +174,8 @@ extern "C" int draftgate_skinny_linear(const float* x, int64_t x_stride, const f
   return draftgate::skinny_linear(x, x_stride, w, bias, y, M, N, K, num_threads, error, error_len);
 }
 
-extern "C" int draftgate_skinny_linear_bf16(const float* x, int64_t x_stride, const uint16_t* w, const float* bias,
-                                            float* y, int64_t M, int64_t N, int64_t K, int32_t num_threads,
-                                            char* error, int64_t error_len) {
+extern "C" int draftgate_skinny_linear_bf16(const float* x, int64_t x_stride, const draftgate::bf16_t* w,
+                                            const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                                            int32_t num_threads, char* error, int64_t error_len) {
   return draftgate::skinny_linear(x, x_stride, w, bias, y, M, N, K, num_threads, error, error_len);
 }
