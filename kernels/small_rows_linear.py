@@ -12,10 +12,10 @@ engine.benchmarks.cpu_linear`, docs/benchmarks.md):
     gate_up 3072 x 576    0.47 / 0.36  0.70 / 0.40  0.89 / 0.67  1.04 / 0.87  1.23 / 1.09  1.53 / 1.30  1.63 / 1.49
     down 576 x 1536       0.25 / 0.18  0.38 / 0.23  0.49 / 0.36  0.57 / 0.48  0.65 / 0.59  0.78 / 0.73  1.13 / 0.86
 
-Past 8 rows the kernel re-reads blocks of weight rows from cache in 2 x 4 register tiles, bound
-by the multiply-adds; oneDNN's register-blocked kernel catches up at the lm_head at about 44
-rows (the decoder's linears stay ahead to 64), so SKINNY_MAX_ROWS is 40: 8 streams verifying up
-to 4 drafts each. Each output of the kernel is summed in an order that does not depend on the
+Past its first pass (8 rows, 10 where K <= 614: docs/kernels.md) the kernel re-reads blocks of
+weight rows from cache in 2 x 4 register tiles, bound by the multiply-adds; oneDNN's
+register-blocked kernel catches up at the lm_head at about 44 rows (the decoder's linears stay
+ahead to 64), so SKINNY_MAX_ROWS is 40: 8 streams verifying up to 4 drafts each. Each output of the kernel is summed in an order that does not depend on the
 other rows: a row's values are bit-identical alone and in any batch of up to SKINNY_MAX_ROWS.
 On CPUs with AVX512 oneDNN's own kernels are already nearly flat in the row count (2.60 ms at
 one row, 3.65 at 8 for the lm_head on an AVX512 EPYC) and this AVX2 kernel was never measured

@@ -2,8 +2,9 @@
 // the product is bound by reading the weight from memory, not by arithmetic.
 //
 // Each thread takes a static range of blocks of output channels n. The first pass streams each
-// weight row W[n] once while up to 8 input rows keep their own accumulators (8 ymm accumulators,
-// one for the weight and one for x: 10 of the 16 registers), with a software prefetch 1 KiB ahead
+// weight row W[n] once while up to 10 input rows keep their own accumulators (10 ymm
+// accumulators, one for the weight and one for x: 12 of the 16 registers; 8 rows where 10 rows of
+// x would not stay in L1 beside the stream), with a software prefetch 1 KiB ahead
 // in the weight (without it the time grew with the row count as oneDNN's does). Rows past the
 // first pass re-read the block's weight rows from cache in 2 x 4 tiles (see the loop). So the
 // weight crosses the memory bus once whatever the row count, which oneDNN's prepacked kernel
@@ -34,7 +35,11 @@ namespace draftgate {
 namespace {
 
 constexpr int kLanes8 = 8;  // float32 lanes of an AVX2 register, and of the portable emulation
-constexpr int kRowGroup = 8;  // input rows sharing one pass over a weight row
+// Input rows sharing the first pass over a weight row: up to kWideFirstRows where that many fit
+// in kFirstRowsBytes (L1 is 32 KiB on Zen 2; at K = 576, 10 rows are 23 KiB), else up to 8.
+constexpr int kFirstRows = 8;
+constexpr int kWideFirstRows = 10;
+constexpr int64_t kFirstRowsBytes = 24 * 1024;
 constexpr int64_t kPrefetchBytes = 1024;  // how far ahead of the weight read to prefetch
 
 // bf16 weights (vec.h's bf16_t) are the top 16 bits of a float32: widening is exact, so a
@@ -102,7 +107,7 @@ inline void dot_tile(const float* x, int64_t x_stride, const W* w, int64_t K, fl
 }
 #endif
 
-// The first pass over one weight row, streamed from memory: 1 to 8 input rows.
+// The first pass over one weight row, streamed from memory: 1 to kWideFirstRows input rows.
 template <typename W>
 inline void first_pass(int rows, const float* x, int64_t x_stride, const W* w, int64_t K, float* out,
                        int64_t out_stride) {
@@ -114,7 +119,9 @@ inline void first_pass(int rows, const float* x, int64_t x_stride, const W* w, i
     case 5: dot_tile<1, 5, true>(x, x_stride, w, K, out, out_stride); break;
     case 6: dot_tile<1, 6, true>(x, x_stride, w, K, out, out_stride); break;
     case 7: dot_tile<1, 7, true>(x, x_stride, w, K, out, out_stride); break;
-    default: dot_tile<1, 8, true>(x, x_stride, w, K, out, out_stride); break;
+    case 8: dot_tile<1, 8, true>(x, x_stride, w, K, out, out_stride); break;
+    case 9: dot_tile<1, 9, true>(x, x_stride, w, K, out, out_stride); break;
+    default: dot_tile<1, 10, true>(x, x_stride, w, K, out, out_stride); break;
   }
 }
 
@@ -130,9 +137,14 @@ int skinny_linear(const float* x, int64_t x_stride, const W* w, const float* bia
   if (M == 0 || N == 0) return 0;
   // Below ~64K multiply-adds a thread team costs more than it saves.
   const int threads = M * N * K >= (int64_t(1) << 16) ? std::max(1, static_cast<int>(num_threads)) : 1;
-  // Up to 8 rows: one pass per weight row, streamed from memory, each input row with its own
-  // accumulator. More rows: the first pass takes 5-8 of them, chosen so that the rest split into
-  // groups of 4, and the rest go through blocks of kBlockRows weight rows (72 KiB at K = 576, in
+  // Up to max_first rows (10 at K <= 614, else 8): one pass per weight row, streamed from memory,
+  // each input row with its own accumulator. A first pass of 8 left 9 rows at 8 rows' time plus a
+  // tile pass's (a step's cost jumped from 8 tokens to 9); 10 fit in the stream's time at K = 576
+  // (lm_head, 2 threads: 9 rows 5.7 ms against 7.2, 10 rows 6.1 against 7.1, 13 rows 7.9 against
+  // 9.4; 1-8 and 11-12 rows unchanged). A first pass of 11 or 12 rows was slower than 7-8 plus a
+  // tile pass (13 loads per 12 multiply-adds), and at K = 1536 (down) 10 rows of x (60 KiB) spill
+  // L1. More rows: the first pass takes max_first - 3 to max_first of them, chosen so that the
+  // rest split into groups of 4, and the rest go through blocks of kBlockRows weight rows (72 KiB at K = 576, in
   // L2): for each group of 4 input rows (in L1), 2 x 4 tiles over the block's pairs of weight
   // rows, 8 accumulators, 6 loads for 8 multiply-adds where a second 1 x 8 pass needed 9. Taking
   // the input rows in the outer loop keeps them in L1 (24 rows of 576 floats are 54 KiB, more
@@ -141,7 +153,9 @@ int skinny_linear(const float* x, int64_t x_stride, const W* w, const float* bia
   // 16.8. At least 5 rows in the first pass keep 5 dependency chains in flight against the FMA's
   // 4-5 cycle latency.
   constexpr int64_t kBlockRows = 32;
-  const int first_rows = M <= kRowGroup ? static_cast<int>(M) : static_cast<int>(M - 4 * ((M - 5) / 4));
+  const int64_t max_first = std::clamp<int64_t>(kFirstRowsBytes / (K * int64_t(sizeof(float))), kFirstRows,
+                                                 kWideFirstRows);
+  const int first_rows = static_cast<int>(M <= max_first ? M : M - 4 * ((M - max_first + 3) / 4));
   const int64_t num_blocks = (N + kBlockRows - 1) / kBlockRows;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
   for (int64_t block = 0; block < num_blocks; ++block) {
