@@ -90,8 +90,10 @@ class _Buffered:
         """(positions [start, start + count - 1), the newest position alone); count >= 2."""
         states = torch.cat(self.states)  # [count, hidden]
         last = self.count - 1
+        # The newest row is copied: a view would keep the whole chunk (a prefill's) alive while
+        # it waits for the request's next pass.
         return (replace(self, states=[states[:last]], count=last),
-                replace(self, start=self.start + last, states=[states[last:]], count=1))
+                replace(self, start=self.start + last, states=[states[last:].clone()], count=1))
 
 
 class EagleProposer:
