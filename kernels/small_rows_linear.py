@@ -79,8 +79,7 @@ def compiled_linear(
     """The compiled few-row product, when this machine uses it and it takes these tensors."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= SKINNY_MAX_ROWS or not skinny_enabled():
         return None
-    compiled = cpu_kernels()  # (built: skinny_enabled says so)
-    return compiled.skinny_linear(x, weight, bias) if compiled.supports_skinny_linear(x, weight, bias) else None
+    return cpu_kernels().try_skinny_linear(x, weight, bias)  # (built: skinny_enabled says so)
 
 
 def linear(

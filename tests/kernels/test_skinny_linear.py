@@ -94,6 +94,17 @@ def test_bad_shapes_raise(compiled: CpuKernels) -> None:
         compiled.skinny_linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float16))
     assert not compiled.supports_skinny_linear(torch.randn(2, 8), torch.randn(8, 4).t())  # not contiguous
     assert not compiled.supports_skinny_linear(torch.randn(8, 2).t(), torch.randn(4, 8))  # column stride 8
+    # The dispatcher's one-pass check turns down what supports_skinny_linear does, and still raises
+    # on shapes that do not match.
+    assert compiled.try_skinny_linear(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8)) is None
+    assert compiled.try_skinny_linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float16)) is None
+    assert compiled.try_skinny_linear(torch.randn(2, 8), torch.randn(8, 4).t()) is None
+    assert compiled.try_skinny_linear(torch.randn(8, 2).t(), torch.randn(4, 8)) is None
+    assert compiled.try_skinny_linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(4).double()) is None
+    with pytest.raises(ValueError, match="do not match"):
+        compiled.try_skinny_linear(torch.randn(2, 8), torch.randn(4, 9))
+    x, weight = torch.randn(3, 8), torch.randn(4, 8)
+    assert torch.equal(compiled.try_skinny_linear(x, weight), compiled.skinny_linear(x, weight))
 
 
 def test_the_portable_build_is_bit_identical(compiled: CpuKernels, tmp_path: Path) -> None:
