@@ -15,8 +15,9 @@ engine.benchmarks.cpu_linear`, docs/benchmarks.md):
 Past its first pass (8 rows, 10 where K <= 614: docs/kernels.md) the kernel re-reads blocks of
 weight rows from cache in 2 x 4 register tiles, bound by the multiply-adds; oneDNN's
 register-blocked kernel catches up at the lm_head at about 44 rows (the decoder's linears stay
-ahead to 64), so SKINNY_MAX_ROWS is 40: 8 streams verifying up to 4 drafts each. Each output of the kernel is summed in an order that does not depend on the
-other rows: a row's values are bit-identical alone and in any batch of up to SKINNY_MAX_ROWS.
+ahead to 64), so SKINNY_MAX_ROWS is 40: 8 streams verifying up to 4 drafts each. Each output of
+the kernel is summed in an order that does not depend on the other rows: a row's values are
+bit-identical alone and in any batch of up to SKINNY_MAX_ROWS.
 On CPUs with AVX512 oneDNN's own kernels are already nearly flat in the row count (2.60 ms at
 one row, 3.65 at 8 for the lm_head on an AVX512 EPYC) and this AVX2 kernel was never measured
 against them there, so they keep oneDNN.

@@ -144,14 +144,14 @@ int skinny_linear(const float* x, int64_t x_stride, const W* w, const float* bia
   // 9.4; 1-8 and 11-12 rows unchanged). A first pass of 11 or 12 rows was slower than 7-8 plus a
   // tile pass (13 loads per 12 multiply-adds), and at K = 1536 (down) 10 rows of x (60 KiB) spill
   // L1. More rows: the first pass takes max_first - 3 to max_first of them, chosen so that the
-  // rest split into groups of 4, and the rest go through blocks of kBlockRows weight rows (72 KiB at K = 576, in
-  // L2): for each group of 4 input rows (in L1), 2 x 4 tiles over the block's pairs of weight
-  // rows, 8 accumulators, 6 loads for 8 multiply-adds where a second 1 x 8 pass needed 9. Taking
-  // the input rows in the outer loop keeps them in L1 (24 rows of 576 floats are 54 KiB, more
-  // than L1) and leaves the weight, 2 loads of the 6, to L2. lm_head (49152 x 576) on an AVX2
-  // EPYC, 2 threads: 16 rows 7.9 ms against 9.9 with a second 1 x 8 pass, 24 rows 11.4 against
-  // 16.8. At least 5 rows in the first pass keep 5 dependency chains in flight against the FMA's
-  // 4-5 cycle latency.
+  // rest split into groups of 4, and the rest go through blocks of kBlockRows weight rows
+  // (72 KiB at K = 576, in L2): for each group of 4 input rows (in L1), 2 x 4 tiles over the
+  // block's pairs of weight rows, 8 accumulators, 6 loads for 8 multiply-adds where a second
+  // 1 x 8 pass needed 9. Taking the input rows in the outer loop keeps them in L1 (24 rows of 576
+  // floats are 54 KiB, more than L1) and leaves the weight, 2 loads of the 6, to L2. lm_head
+  // (49152 x 576) on an AVX2 EPYC, 2 threads: 16 rows 7.9 ms against 9.9 with a second 1 x 8
+  // pass, 24 rows 11.4 against 16.8. At least 5 rows in the first pass keep 5 dependency chains
+  // in flight against the FMA's 4-5 cycle latency.
   constexpr int64_t kBlockRows = 32;
   const int64_t max_first = std::clamp<int64_t>(kFirstRowsBytes / (K * int64_t(sizeof(float))), kFirstRows,
                                                  kWideFirstRows);
