@@ -24,9 +24,9 @@ few-row linear kernel (kernels/cpu/skinny_linear.cpp) streams the weights once f
 so on an AVX2 EPYC a step of 8 tokens took 36 ms, one of 5 took 32, but one of 16 took 58 (a
 second pass over every weight row) and one of 17 took 78 (oneDNN). Since its rows past 8 run in
 2 x 4 register tiles (up to 40 rows) the stairs are lower, not gone: 9 tokens 43 ms, 16 54, 17
-60. So the step model also keeps
-the seconds of the steps it saw by token count (less the attention term, exponentially averaged),
-and `surcharge(n, k)` says how much more than the fitted slope a token costs on average when k
+60 (and since its first pass takes up to 10 rows, 9 tokens cost about what 8 do). So the step
+model also keeps the seconds of the steps it saw by token count (less the attention term,
+exponentially averaged), and `surcharge(n, k)` says how much more than the fitted slope a token costs on average when k
 tokens are added to a step of n (the secant over that table, where both ends were seen or lie
 between seen counts): the controller plans with the slope, then prices the plan's own tokens by
 the secant when that is steeper and plans again; a batch size whose plain step it has not seen

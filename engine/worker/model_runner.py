@@ -140,7 +140,6 @@ class ModelRunner:
         self._draft_model_name = self.speculative_config.draft_model
         self.draft = None
         self.draft_dtype = self.dtype
-        self.draft_bf16_weights = False  # float32 arithmetic over bf16-held weights (draft_weights_in_bf16)
         self._draft_kv_bytes_per_block = 0
         if self.speculative_config.uses_draft_model:
             if draft_path is None:
@@ -149,7 +148,6 @@ class ModelRunner:
             self.draft = load_draft_model(
                 draft_path, self.model, self.arch, self.draft_dtype, self.device,
                 bf16_weights=draft_weights_in_bf16(self.speculative_config, self.draft_dtype, self.device))
-            self.draft_bf16_weights = self.draft.bf16_weights  # (not for GGUF drafts, loaded as they are)
             # An EAGLE head (it has fc) drafts from the target's states; any other draft is a model.
             self._draft_proposer_class = EagleProposer if self.draft.fc_weight is not None else DraftModelProposer
             self._draft_kv_bytes_per_block = self._draft_proposer_class.kv_bytes_per_block(
@@ -163,6 +161,12 @@ class ModelRunner:
         torch.manual_seed(model_config.seed)
 
     # ---- KV cache ----------------------------------------------------------------------------
+    @property
+    def draft_bf16_weights(self) -> bool:
+        """Whether the draft computes in float32 over weights held in bf16 (draft_weights_in_bf16,
+        as load_draft_model applied it: not for GGUF drafts, loaded as they are)."""
+        return self.draft is not None and self.draft.bf16_weights
+
     def determine_num_blocks(self) -> int:
         if self.cache_config.num_blocks_override is not None:
             return self.cache_config.num_blocks_override

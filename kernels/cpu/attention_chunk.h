@@ -27,11 +27,17 @@ constexpr int kRowPad = 6;     // score_transposed's tile height: q is padded to
 // head_dim 64, 9 heads over 3 kv heads) 15-22% faster: one request verifying 5 tokens at 400 keys
 // 92 us a layer against 108, 17 tokens at 800 keys 428 against 524, 8 one-token requests at 300
 // keys 160 against 179, a 64-token prefill chunk 356 against 417.
+// Query vectors per accumulate_tile (kNC Vecs of values and kNC per query vector in registers).
+constexpr int value_tile_rows([[maybe_unused]] int kNC) {
 #if defined(DRAFTGATE_AVX2)
-constexpr int kValueTileRows = 1;
+  return 1;
+#else
+  return kNC <= 4 ? 6 : 2;
+#endif
+}
+#if defined(DRAFTGATE_AVX2)
 constexpr int kScoreTileRows = 3;  // divides kRowPad
 #else
-constexpr int kValueTileRows = 0;  // accumulate_values: by head_dim (kNC <= 4: 6, else 2)
 constexpr int kScoreTileRows = kRowPad;
 #endif
 
@@ -81,8 +87,7 @@ template <typename VT, int kNC>
 inline void accumulate_values(int64_t head_dim, const VT* const* value_rows, int num_keys, const float* probs,
                               const float* alpha, int64_t num_rows, float* acc) {
   if constexpr (kNC > 0) {
-    // kMR x kNC accumulators plus kNC value registers
-    constexpr int kMR = kValueTileRows > 0 ? kValueTileRows : (kNC <= 4 ? 6 : 2);
+    constexpr int kMR = value_tile_rows(kNC);
     int64_t m0 = 0;
     for (; m0 + kMR <= num_rows; m0 += kMR) accumulate_tile<VT, kNC, kMR>(value_rows, num_keys, probs, alpha, m0, acc);
     accumulate_last_tile<VT, kNC, kMR - 1>(static_cast<int>(num_rows - m0), value_rows, num_keys, probs, alpha, m0,

@@ -120,14 +120,20 @@ class CpuKernels:
                 return False
         return True
 
-    @staticmethod
-    def supports_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    def supports_skinny_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
         """float32 CPU tensors, x 2-D with unit column stride, the weight contiguous (float32, or bf16
         widened as it is read)."""
-        return (x.is_cpu and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
-                and weight.is_cpu and weight.dtype in (torch.float32, torch.bfloat16)
-                and weight.is_contiguous()
-                and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu)))
+        return self._skinny_kernel_for(x, weight, bias) is not None
+
+    def _skinny_kernel_for(self, x: torch.Tensor, weight: torch.Tensor,
+                           bias: torch.Tensor | None) -> ctypes._CFuncPtr | None:
+        """The few-row kernel for the weight's dtype where it takes these tensors, else None."""
+        kernel = self._skinny_linear.get(weight.dtype)
+        if (kernel is None or x.dtype is not torch.float32 or x.dim() != 2 or x.stride(1) != 1 or not x.is_cpu
+                or not weight.is_cpu or not weight.is_contiguous()
+                or (bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu))):
+            return None
+        return kernel
 
     def plan(self, query_start_loc: list[int], seq_lens: list[int], sliding_window: int | None) -> CpuAttentionPlan:
         return CpuAttentionPlan(torch.tensor(query_start_loc, dtype=torch.int32),
@@ -269,12 +275,8 @@ class CpuKernels:
         few-row product of a decode step (~120 a step on the embedded model), where a separate
         supports_skinny_linear and skinny_linear's own checks cost ~2% of a one-stream float32
         step (AVX2 EPYC: 36.7 against 37.5 ms a token)."""
-        kernel = self._skinny_linear.get(weight.dtype)
-        if (kernel is None or x.dtype is not torch.float32 or x.dim() != 2 or x.stride(1) != 1 or not x.is_cpu
-                or not weight.is_cpu or not weight.is_contiguous()
-                or (bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu))):
-            return None
-        return self._run_skinny_linear(kernel, x, weight, bias)
+        kernel = self._skinny_kernel_for(x, weight, bias)
+        return None if kernel is None else self._run_skinny_linear(kernel, x, weight, bias)
 
     def _run_skinny_linear(self, kernel: ctypes._CFuncPtr, x: torch.Tensor, weight: torch.Tensor,
                            bias: torch.Tensor | None) -> torch.Tensor:
