@@ -60,6 +60,26 @@ def observe_cpu_steps(spec: SpeculationController, a: float = 0.030, b: float = 
         spec.observe_step(n, a + b * n)
 
 
+class SteadyClock:
+    """The controller's perf_counter in these tests: a microsecond a call. What it times (its
+    own proposing, which the fairness gate prices, and a draft model's runs, which the draft cost
+    model fits) is then the same on any machine: on a loaded 2-core machine the real clock made
+    the pure-Python proposing of 8 requests cost more than a verified token, which shut the gate
+    and failed 2-4 of these tests a run."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def steady_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "time", SteadyClock())
+
+
 @pytest.fixture
 def unbudgeted_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Probe steps every PROBE_EVERY whatever they cost: for the tests of what probes do (the
