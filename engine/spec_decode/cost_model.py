@@ -26,14 +26,14 @@ second pass over every weight row) and one of 17 took 78 (oneDNN). Since its row
 2 x 4 register tiles (up to 40 rows) the stairs are lower, not gone: 9 tokens 43 ms, 16 54, 17
 60 (and since its first pass takes up to 10 rows, 9 tokens cost about what 8 do). So the step
 model also keeps the seconds of the steps it saw by token count (less the attention term,
-exponentially averaged), and `surcharge(n, k)` says how much more than the fitted slope a token costs on average when k
-tokens are added to a step of n (the secant over that table, where both ends were seen or lie
-between seen counts): the controller plans with the slope, then prices the plan's own tokens by
-the secant when that is steeper and plans again; a batch size whose plain step it has not seen
-drafts once as priced, then runs one plain step (the line's intercept, pulled up by prompt
-chunks, says nothing about it, and a batch that drafts on every step would never see one). Only
-ever dearer: where the table says less, the line stands (pricing the 1-8-token stretch as free
-would draft deep on every step).
+exponentially averaged), and `surcharge(n, k)` says how much more than the fitted slope a token
+costs on average when k tokens are added to a step of n (the secant over that table, where both
+ends were seen or lie between seen counts): the controller plans with the slope, then prices the
+plan's own tokens by the secant when that is steeper and plans again; a batch size whose plain
+step it has not seen drafts once as priced, then runs one plain step (the line's intercept,
+pulled up by prompt chunks, says nothing about it, and a batch that drafts on every step would
+never see one). Only ever dearer: where the table says less, the line stands (pricing the
+1-8-token stretch as free would draft deep on every step).
 
 The fit is least squares with exponential forgetting (recent observations count most: the batch,
 the contexts and the machine's load drift). The slopes are only identifiable when the regressors
