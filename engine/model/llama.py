@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.model.arch_config import ArchConfig
 from engine.model.attention_metadata import AttentionMetadata
+from engine.model.fused_decoder import FusedDecoder
 from engine.model.layers.attention import PagedAttention
 from engine.model.layers.linear import Linear
 from engine.model.layers.mlp import GatedMLP
@@ -174,7 +175,23 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} entries for {len(self.layers)} layers")
-        hidden = self.embed_tokens(input_ids)
+        return self.run_layers(self.embed_tokens(input_ids), positions, kv_caches, meta)
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden_size]: the first layer's input
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[torch.Tensor],  # per layer, as forward's
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]: the final norm's output
+        """Every decoder layer and the final norm (an EAGLE head runs its one layer from its own
+        input through this). Few-row float32 steps on AVX2 CPUs go through one compiled call
+        (engine/model/fused_decoder.py), bit-identical to the layer-by-layer loop below."""
+        fused = self._fused_decoder()
+        if fused is not None:
+            out = fused.run(hidden, self.rotary.cos_sin_table, positions, kv_caches, meta)
+            if out is not None:
+                return out
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches):
@@ -183,6 +200,18 @@ class LlamaForCausalLM(nn.Module):
             return self.norm(hidden)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def forget_fused_decoder(self) -> None:
+        """Drops the compiled path built for the linears as they were (engine/model/
+        quantization.py calls this after swapping them), so the next step builds it anew."""
+        self.__dict__.pop("_fused", None)
+
+    def _fused_decoder(self) -> FusedDecoder | None:
+        """The compiled path, built on the first step (after the loader has put the linears in
+        their execution form), or None where it does not apply."""
+        if "_fused" not in self.__dict__:
+            self.__dict__["_fused"] = FusedDecoder.build(self.layers, self.norm)
+        return self.__dict__["_fused"]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab] fp32
         return self.lm_head(hidden)

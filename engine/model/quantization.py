@@ -116,6 +116,7 @@ def prepare_draft_layers(model: LlamaForCausalLM, device: torch.device, *, bf16_
         return False
     with torch.no_grad():
         _swap_linears(model.layers, method, INT4_GROUP_SIZE)
+    model.forget_fused_decoder()  # built (if at all) for the old forms
     return True
 
 
@@ -148,6 +149,7 @@ def prepare_for_inference(model: LlamaForCausalLM, quantization: str | None, dev
     with torch.no_grad():
         num_linears = _swap_linears(model, method, int4_group_size)
         _swap_lm_head(model, method)
+    model.forget_fused_decoder()  # built (if at all) for the old forms
     logger.info("execution form %s for %d linear layers and the lm_head", method, num_linears)
     if device.type == "cuda":
         torch.cuda.empty_cache()

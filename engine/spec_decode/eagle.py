@@ -139,13 +139,11 @@ class EagleProposer:
         embedded = model.embed_tokens(input_ids)  # [n, hidden]
         joined = torch.cat([embedded, states.to(embedded.dtype)], dim=-1)  # [n, 2 * hidden]
         hidden = small_rows_linear.linear(joined, self.draft.fc_weight, onednn_weight=self.draft.fc_packed)
-        cos, sin = model.rotary.cos_sin(positions, hidden.dtype)
         if kv_only:
+            cos, sin = model.rotary.cos_sin(positions, hidden.dtype)
             model.layers[0].store_kv(hidden, cos, sin, self.kv_caches[0], meta)
             return None
-        hidden, residual = model.layers[0](hidden, None, cos, sin, self.kv_caches[0], meta)
-        out, _ = model.norm(hidden, residual)
-        return out
+        return model.run_layers(hidden, positions, self.kv_caches, meta)  # the layer and the final norm
 
     def observe(self, hidden: torch.Tensor, positions: np.ndarray, query_start_loc: list[int],
                 requests: list[tuple[str, list[int], list[int], list[int], int]]) -> None:

@@ -50,6 +50,49 @@ _SKINNY_LINEAR_ARGS = [
     _i64, _i64, _i64, _i32,  # rows, out features, in features, num_threads
     ctypes.c_char_p, _i64,  # error buffer, its length
 ]
+_DECODER_LAYERS_ARGS = [
+    _ptr, _i64, _ptr, _ptr,  # layers (DecoderLayerWeights[]), their number, final norm, hidden in
+    _ptr, _ptr, _ptr, _i64, _i64,  # cos_sin, slot_mapping, block_table, its row stride, max blocks per request
+    _ptr, _ptr, _i64, _i64,  # query_start_loc, seq_lens, num_reqs, num_tokens
+    _i64, _i64, _i64, _i64, _i64,  # hidden, num_heads, num_kv_heads, head_dim, intermediate
+    _i64, _i64, _f64, _f64, _i32,  # num_blocks, block_size, scale, eps, num_threads
+    _ptr, ctypes.c_char_p, _i64,  # out, error buffer, its length
+]
+
+
+class DecoderLayerWeights(ctypes.Structure):
+    """One decoder layer's tensors for decoder_layers (kernels/cpu/decoder_layers.cpp's struct of
+    the same name; every field 8 bytes). Addresses only: the caller keeps the tensors alive."""
+
+    _fields_ = [
+        ("input_norm", _ptr), ("post_norm", _ptr),
+        ("qkv", _ptr), ("qkv_bias", _ptr), ("qkv_dtype", _i64),
+        ("o", _ptr), ("o_bias", _ptr), ("o_dtype", _i64),
+        ("gate_up", _ptr), ("gate_up_bias", _ptr), ("gate_up_dtype", _i64),
+        ("down", _ptr), ("down_bias", _ptr), ("down_dtype", _i64),
+        ("k_cache", _ptr), ("v_cache", _ptr), ("sliding_window", _i64),
+    ]
+
+
+@dataclass(frozen=True)
+class DecoderLayerTensors:
+    """What decoder_layers reads of one layer. Linear weights [N, K] contiguous, float32 or bf16
+    (widened exactly as read); biases float32 or None; norms float32 [hidden]; the caches float32
+    [num_blocks, num_kv_heads, block_size, head_dim], contiguous."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: torch.Tensor  # [num_heads * head_dim + 2 * num_kv_heads * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [hidden, num_heads * head_dim]
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # [hidden, intermediate]
+    down_bias: torch.Tensor | None
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    sliding_window: int | None
 
 
 @dataclass(frozen=True)
@@ -77,6 +120,7 @@ class CpuKernels:
             torch.float32: self._bind("draftgate_skinny_linear", _SKINNY_LINEAR_ARGS),
             torch.bfloat16: self._bind("draftgate_skinny_linear_bf16", _SKINNY_LINEAR_ARGS),
         }
+        self._decoder_layers = self._bind("draftgate_decoder_layers", _DECODER_LAYERS_ARGS)
 
     def _error_buffer(self) -> ctypes.Array:
         """This thread's buffer for a kernel's error message. One per thread (ctypes releases the
@@ -294,4 +338,68 @@ class CpuKernels:
                         out_features, in_features, torch.get_num_threads(), error, _ERROR_LEN)
         if status != 0:
             raise ValueError(f"skinny_linear: {error.value.decode()}")
+        return out
+
+    @staticmethod
+    def decoder_layer_weights(layers: list[DecoderLayerTensors]) -> ctypes.Array:
+        """The C array decoder_layers takes, checked once: build it when the tensors are set up
+        (their addresses must stay valid while it is used), not per call."""
+        def address(t: torch.Tensor | None, what: str, dtypes: tuple[torch.dtype, ...]) -> int | None:
+            if t is None:
+                return None
+            if not t.is_cpu or t.dtype not in dtypes or not t.is_contiguous():
+                raise ValueError(f"decoder_layers: {what} must be a contiguous CPU tensor of {dtypes}, "
+                                 f"got {t.dtype} {tuple(t.shape)}")
+            return t.data_ptr()
+
+        f32, weights = (torch.float32,), (torch.float32, torch.bfloat16)
+        array = (DecoderLayerWeights * len(layers))()
+        for entry, layer in zip(array, layers):
+            entry.input_norm = address(layer.input_norm, "input_norm", f32)
+            entry.post_norm = address(layer.post_norm, "post_norm", f32)
+            for name in ("qkv", "o", "gate_up", "down"):
+                weight = getattr(layer, name)
+                setattr(entry, name, address(weight, name, weights))
+                setattr(entry, f"{name}_bias", address(getattr(layer, f"{name}_bias"), f"{name}_bias", f32))
+                setattr(entry, f"{name}_dtype", _DTYPE_CODES[weight.dtype])
+            entry.k_cache = address(layer.k_cache, "k_cache", f32)
+            entry.v_cache = address(layer.v_cache, "v_cache", f32)
+            entry.sliding_window = layer.sliding_window or 0
+        return array
+
+    def decoder_layers(
+        self,
+        layers: ctypes.Array,  # decoder_layer_weights(...)
+        final_norm: torch.Tensor,  # [hidden] float32
+        hidden: torch.Tensor,  # [num_tokens, hidden] float32: the first layer's input
+        cos_sin: torch.Tensor,  # [num_tokens, head_dim] float32: each token's rotary row (cos | sin)
+        slot_mapping: torch.Tensor,  # [num_tokens] int64
+        block_table: torch.Tensor,  # [num_reqs, max_blocks_per_req] int32
+        query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
+        seq_lens: torch.Tensor,  # [num_reqs] int32
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        intermediate: int,
+        num_blocks: int,
+        block_size: int,
+        scale: float,
+        eps: float,
+    ) -> torch.Tensor:  # [num_tokens, hidden] float32: the final norm's output
+        """A few-row step through every layer in one call (kernels/cpu/decoder_layers.cpp): the
+        same kernels as the layer-by-layer path, bit for bit, without its Python between them.
+        The tensors must be contiguous CPU ones of the dtypes above (the caller checks once)."""
+        num_tokens, hidden_size = hidden.shape
+        out = torch.empty((num_tokens, hidden_size), dtype=torch.float32)
+        error = self._error_buffer()
+        status = self._decoder_layers(
+            ctypes.addressof(layers), len(layers), final_norm.data_ptr(), hidden.data_ptr(),
+            cos_sin.data_ptr(), slot_mapping.data_ptr(), block_table.data_ptr(), block_table.stride(0),
+            block_table.shape[1], query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], num_tokens,
+            hidden_size, num_heads, num_kv_heads, head_dim, intermediate, num_blocks, block_size, scale, eps,
+            torch.get_num_threads(), out.data_ptr(), error, _ERROR_LEN,
+        )
+        if status != 0:
+            raise ValueError(f"decoder_layers: {error.value.decode()}")
         return out

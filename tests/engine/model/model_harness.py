@@ -71,6 +71,27 @@ def random_hf_model(config, seed: int = 0):  # -> transformers.PreTrainedModel, 
     return model.float().eval()
 
 
+def tiny_model(family: str = "qwen2_bias", dtype: torch.dtype = torch.float32, **overrides) -> LlamaForCausalLM:
+    """Our model with a tiny random Hugging Face model's weights (q/k/v and gate/up fused as
+    our loaders fuse them), in eval mode and in its training form (plain Linears)."""
+    hf = random_hf_model(tiny_hf_config(family, **overrides), seed=0)
+    arch = ArchConfig.from_hf_config(hf.config.to_dict())
+    model = LlamaForCausalLM(arch, dtype=dtype)
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+                base, kind = name.rsplit(".", 2)[0], name.rsplit(".", 1)[1]
+                parts = [state[f"{base}.{p}_proj.{kind}"] for p in "qkv"]
+                param.copy_(torch.cat(parts))
+            elif name.endswith("gate_up_proj.weight"):
+                base = name.rsplit(".", 2)[0]
+                param.copy_(torch.cat([state[f"{base}.gate_proj.weight"], state[f"{base}.up_proj.weight"]]))
+            else:
+                param.copy_(state[name])
+    return model.eval()
+
+
 def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:  # [len(token_ids), vocab] float32
     with torch.no_grad():
         return hf_model(torch.tensor([token_ids])).logits[0].float()

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from engine.config import build_engine_config
-from engine.model.arch_config import ArchConfig
 from engine.model.layers.linear import Linear
 from engine.model.layers.quant_linear import Int4Linear, Int8Linear, PackedLinear
 from engine.model.llama import LlamaForCausalLM
@@ -17,28 +16,13 @@ from engine.model.quantization import prepacked_form, prepare_for_inference
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import FP8KVCache
 from kernels.onednn_linear import onednn_available, onednn_bf16_available
-from model_harness import PagedDriver, random_hf_model, random_prompts, tiny_hf_config
+from model_harness import PagedDriver, random_prompts, tiny_model
 
 pytest.importorskip("transformers")
 
 
 def _model(family: str = "qwen2_bias", dtype: torch.dtype = torch.float32, **overrides) -> LlamaForCausalLM:
-    hf = random_hf_model(tiny_hf_config(family, **overrides), seed=0)
-    arch = ArchConfig.from_hf_config(hf.config.to_dict())
-    model = LlamaForCausalLM(arch, dtype=dtype)
-    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
-                base, kind = name.rsplit(".", 2)[0], name.rsplit(".", 1)[1]
-                parts = [state[f"{base}.{p}_proj.{kind}"] for p in "qkv"]
-                param.copy_(torch.cat(parts))
-            elif name.endswith("gate_up_proj.weight"):
-                base = name.rsplit(".", 2)[0]
-                param.copy_(torch.cat([state[f"{base}.gate_proj.weight"], state[f"{base}.up_proj.weight"]]))
-            else:
-                param.copy_(state[name])
-    return model.eval()
+    return tiny_model(family, dtype, **overrides)
 
 
 def _logits(model: LlamaForCausalLM, prompts: list[list[int]], kv_fp8: bool = False) -> list[torch.Tensor]:

@@ -1,0 +1,128 @@
+"""A decoder stack's few-row steps in one compiled call (kernels/cpu/decoder_layers.cpp).
+
+Decode and verification steps of a float32 model on an AVX2 CPU run every linear through the
+compiled few-row kernel; driven layer by layer from Python the step also pays for ~9 module and
+ctypes calls a layer and the rotary embedding as tensor ops: on the embedded model (30 layers,
+2 threads, an AVX2 EPYC) a one-token step spent 20 ms inside the kernels and 11 ms outside them.
+`FusedDecoder` hands the whole stack to one C call that runs the same kernels in the same order
+on the same inputs, so its output equals the layer-by-layer path's bit for bit
+(tests/engine/model/test_fused_decoder.py); the model falls back to that path for everything
+the call does not cover (see `FusedDecoder.build` and `run`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model.layers.mlp import GatedMLP
+from engine.model.layers.quant_linear import Bf16WeightLinear, PackedLinear
+from engine.model.layers.rms_norm import RMSNorm
+from kernels import small_rows_linear
+from kernels.cpu import CpuKernels, DecoderLayerTensors, cpu_kernels
+
+
+def _weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The plain weight the few-row kernel reads and the bias, or None for another form."""
+    if isinstance(linear, PackedLinear) and linear.plain_weight is not None and not linear.float_output:
+        return linear.plain_weight, linear.bias
+    if isinstance(linear, Bf16WeightLinear) and not linear.float_output:
+        return linear.weight_bf16, linear.bias
+    return None
+
+
+class FusedDecoder:
+    """The compiled path for a stack of LlamaDecoderLayers and the final norm."""
+
+    def __init__(self, kernels: CpuKernels, layers: list[dict], final_norm: torch.Tensor, *, num_heads: int,
+                 num_kv_heads: int, head_dim: int, intermediate: int, scale: float, eps: float) -> None:
+        self.kernels = kernels
+        self._layers = layers  # per layer: its tensors but the caches (DecoderLayerTensors' other fields)
+        self.final_norm = final_norm
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.intermediate, self.scale, self.eps = intermediate, scale, eps
+        # The C array for the last KV caches seen (they are allocated once per engine), keyed by
+        # their addresses; it holds the tensors it points into.
+        self._array_key: tuple[int, ...] | None = None
+        self._array: ctypes.Array | None = None
+        self._array_tensors: list[DecoderLayerTensors] = []
+
+    @staticmethod
+    def build(layers: nn.ModuleList, norm: RMSNorm) -> FusedDecoder | None:
+        """The compiled path for these layers, or None where it does not apply: no compiled
+        kernels or not an AVX2 CPU (skinny_enabled), linears not in the few-row kernel's form
+        (quantized, oneDNN-only, or still training-form Linears), per-head q/k norms (Qwen3),
+        anything but float32 norms."""
+        kernels = cpu_kernels()
+        if kernels is None or not small_rows_linear.skinny_enabled() or len(layers) == 0:
+            return None
+        entries, shapes = [], set()
+        for layer in layers:
+            attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            if attention is None or not isinstance(mlp, GatedMLP) or attention.q_norm is not None:
+                return None
+            weights = [_weight(m) for m in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            if any(w is None for w in weights) or any(n.dtype != torch.float32 or not n.is_cpu for n in norms):
+                return None
+            (qkv, qkv_bias), (o, o_bias), (gate_up, gate_up_bias), (down, down_bias) = weights  # type: ignore[misc]
+            entries.append(dict(input_norm=norms[0].contiguous(), post_norm=norms[1].contiguous(), qkv=qkv,
+                                qkv_bias=qkv_bias, o=o, o_bias=o_bias, gate_up=gate_up, gate_up_bias=gate_up_bias,
+                                down=down, down_bias=down_bias, sliding_window=attention.attn.sliding_window))
+            shapes.add((attention.num_heads, attention.num_kv_heads, attention.head_dim, down.shape[1],
+                        norms[0].shape[0], attention.attn.scale, layer.input_layernorm.eps,
+                        layer.post_attention_layernorm.eps))
+        if len(shapes) != 1 or norm.weight.dtype != torch.float32:
+            return None
+        num_heads, num_kv_heads, head_dim, intermediate, hidden, scale, eps, post_eps = shapes.pop()
+        if eps != post_eps or eps != norm.eps or head_dim % 2:
+            return None
+        return FusedDecoder(kernels, entries, norm.weight.contiguous(), num_heads=num_heads,
+                            num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate=intermediate, scale=scale,
+                            eps=eps)
+
+    def _weights_for(self, kv_caches: list[torch.Tensor]) -> ctypes.Array | None:
+        if not all(isinstance(kv, torch.Tensor) for kv in kv_caches):
+            return None  # fp8 caches (FP8KVCache): the layer loop
+        key = tuple(kv.data_ptr() for kv in kv_caches)
+        if key != self._array_key:
+            if len(kv_caches) != len(self._layers):
+                return None
+            for kv in kv_caches:
+                if (kv.dtype != torch.float32 or not kv.is_cpu or not kv.is_contiguous() or kv.dim() != 5
+                        or kv.shape[2:] != kv_caches[0].shape[2:]):
+                    return None
+            tensors = [DecoderLayerTensors(k_cache=kv[0], v_cache=kv[1], **layer)
+                       for layer, kv in zip(self._layers, kv_caches)]
+            self._array = CpuKernels.decoder_layer_weights(tensors)
+            self._array_tensors, self._array_key = tensors, key
+        return self._array
+
+    def run(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden] float32: the first layer's input
+        cos_sin_table: torch.Tensor,  # [max_positions, head_dim] float32: the rotary table (cos | sin)
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, num_kv_heads, block_size, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor | None:  # [num_tokens, hidden] the final norm's output, or None: not taken
+        """The stack's output, or None where this step is not for the compiled path (more rows
+        than the few-row kernel takes, other dtypes or devices, gradients)."""
+        num_tokens = hidden.shape[0]
+        if (num_tokens > small_rows_linear.SKINNY_MAX_ROWS or hidden.dtype != torch.float32 or not hidden.is_cpu
+                or hidden.requires_grad or cos_sin_table.dtype != torch.float32):
+            return None
+        array = self._weights_for(kv_caches)
+        if array is None:
+            return None
+        k_cache = kv_caches[0][0]
+        return self.kernels.decoder_layers(
+            array, self.final_norm, hidden.contiguous(), cos_sin_table.index_select(0, positions),
+            meta.slot_mapping.to(torch.int64).contiguous(), meta.block_table.to(torch.int32).contiguous(),
+            meta.query_start_loc.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous(),
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            intermediate=self.intermediate, num_blocks=k_cache.shape[0], block_size=k_cache.shape[2],
+            scale=self.scale, eps=self.eps)
