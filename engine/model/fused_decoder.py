@@ -112,7 +112,7 @@ class FusedDecoder:
         """The stack's output, or None where this step is not for the compiled path (more rows
         than the few-row kernel takes, other dtypes or devices, gradients)."""
         num_tokens = hidden.shape[0]
-        if (num_tokens > small_rows_linear.SKINNY_MAX_ROWS or hidden.dtype != torch.float32 or not hidden.is_cpu
+        if (not 1 <= num_tokens <= small_rows_linear.SKINNY_MAX_ROWS or hidden.dtype != torch.float32 or not hidden.is_cpu
                 or hidden.requires_grad or cos_sin_table.dtype != torch.float32):
             return None
         array = self._weights_for(kv_caches)

@@ -151,10 +151,23 @@ extern "C" int draftgate_decoder_layers(
   }
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   const int64_t qkv_width = q_size + 2 * kv_size, qk_heads = num_heads + num_kv_heads;
-  // Scratch: the layer's activations, [num_tokens, width] each.
-  std::vector<float> residual(num_tokens * hidden), residual_next(num_tokens * hidden), normed(num_tokens * hidden),
-      x(num_tokens * hidden), qkv(num_tokens * qkv_width), qk(num_tokens * qk_heads * head_dim),
-      attended(num_tokens * q_size), gate_up(num_tokens * 2 * intermediate), act(num_tokens * intermediate);
+  // Scratch for the layer's activations, [num_tokens, width] each: one buffer per calling thread,
+  // kept between calls (a step's ~2 MB at 40 rows would otherwise be mapped, zeroed and
+  // unmapped again every step).
+  thread_local std::vector<float> scratch;
+  const int64_t widths[] = {hidden, hidden, hidden, hidden, qkv_width, qk_heads * head_dim, q_size,
+                            2 * intermediate, intermediate};
+  int64_t total = 0;
+  for (int64_t width : widths) total += num_tokens * width;
+  if (static_cast<int64_t>(scratch.size()) < total) scratch.resize(total);
+  float* parts[9];
+  float* next = scratch.data();
+  for (int i = 0; i < 9; ++i) {
+    parts[i] = next;
+    next += num_tokens * widths[i];
+  }
+  float *residual = parts[0], *residual_next = parts[1], *normed = parts[2], *x = parts[3], *qkv = parts[4],
+        *qk = parts[5], *attended = parts[6], *gate_up = parts[7], *act = parts[8];
   const int64_t head_stride = head_dim;
 
   for (int64_t l = 0; l < num_layers; ++l) {
@@ -162,48 +175,48 @@ extern "C" int draftgate_decoder_layers(
     int status;
     if (l == 0) {
       // No residual before the first layer: it is the input itself.
-      std::copy(hidden_in, hidden_in + num_tokens * hidden, residual.begin());
-      status = draftgate_rms_norm(hidden_in, hidden, nullptr, 0, w.input_norm, normed.data(), nullptr, kFloat32,
+      std::copy(hidden_in, hidden_in + num_tokens * hidden, residual);
+      status = draftgate_rms_norm(hidden_in, hidden, nullptr, 0, w.input_norm, normed, nullptr, kFloat32,
                                   num_tokens, hidden, eps, num_threads, error, error_len);
     } else {
-      status = draftgate_rms_norm(x.data(), hidden, residual.data(), hidden, w.input_norm, normed.data(),
-                                  residual_next.data(), kFloat32, num_tokens, hidden, eps, num_threads, error,
+      status = draftgate_rms_norm(x, hidden, residual, hidden, w.input_norm, normed,
+                                  residual_next, kFloat32, num_tokens, hidden, eps, num_threads, error,
                                   error_len);
-      residual.swap(residual_next);
+      std::swap(residual, residual_next);
     }
     if (status == 0)
-      status = linear(normed.data(), w.qkv, w.qkv_dtype, w.qkv_bias, qkv.data(), num_tokens, qkv_width, hidden,
+      status = linear(normed, w.qkv, w.qkv_dtype, w.qkv_bias, qkv, num_tokens, qkv_width, hidden,
                       num_threads, error, error_len);
     if (status == 0) {
-      rotate(qkv.data(), qkv_width, cos_sin, num_tokens, qk_heads, head_dim, qk.data());
-      status = draftgate_store_kv(qk.data() + q_size, kFloat32, qk_heads * head_dim, head_stride,
-                                  qkv.data() + q_size + kv_size, kFloat32, qkv_width, head_stride, w.k_cache,
+      rotate(qkv, qkv_width, cos_sin, num_tokens, qk_heads, head_dim, qk);
+      status = draftgate_store_kv(qk + q_size, kFloat32, qk_heads * head_dim, head_stride,
+                                  qkv + q_size + kv_size, kFloat32, qkv_width, head_stride, w.k_cache,
                                   w.v_cache, kFloat32, slot_mapping, num_tokens, num_kv_heads, head_dim, num_blocks,
                                   block_size, error, error_len);
     }
     if (status == 0)
-      status = draftgate_paged_attention(qk.data(), kFloat32, qk_heads * head_dim, head_stride, w.k_cache, w.v_cache,
-                                         kFloat32, attended.data(), block_table, block_table_stride,
+      status = draftgate_paged_attention(qk, kFloat32, qk_heads * head_dim, head_stride, w.k_cache, w.v_cache,
+                                         kFloat32, attended, block_table, block_table_stride,
                                          max_blocks_per_req, query_start_loc, seq_lens, num_reqs, num_tokens,
                                          num_heads, num_kv_heads, head_dim, num_blocks, block_size, scale,
                                          w.sliding_window, num_threads, error, error_len);
     if (status == 0)
-      status = linear(attended.data(), w.o, w.o_dtype, w.o_bias, x.data(), num_tokens, hidden, q_size, num_threads,
+      status = linear(attended, w.o, w.o_dtype, w.o_bias, x, num_tokens, hidden, q_size, num_threads,
                       error, error_len);
     if (status == 0) {
-      status = draftgate_rms_norm(x.data(), hidden, residual.data(), hidden, w.post_norm, normed.data(),
-                                  residual_next.data(), kFloat32, num_tokens, hidden, eps, num_threads, error,
+      status = draftgate_rms_norm(x, hidden, residual, hidden, w.post_norm, normed,
+                                  residual_next, kFloat32, num_tokens, hidden, eps, num_threads, error,
                                   error_len);
-      residual.swap(residual_next);
+      std::swap(residual, residual_next);
     }
     if (status == 0)
-      status = linear(normed.data(), w.gate_up, w.gate_up_dtype, w.gate_up_bias, gate_up.data(), num_tokens,
+      status = linear(normed, w.gate_up, w.gate_up_dtype, w.gate_up_bias, gate_up, num_tokens,
                       2 * intermediate, hidden, num_threads, error, error_len);
     if (status == 0)
-      status = draftgate_silu_mul(gate_up.data(), 2 * intermediate, act.data(), kFloat32, num_tokens, intermediate,
+      status = draftgate_silu_mul(gate_up, 2 * intermediate, act, kFloat32, num_tokens, intermediate,
                                   num_threads, error, error_len);
     if (status == 0)
-      status = linear(act.data(), w.down, w.down_dtype, w.down_bias, x.data(), num_tokens, hidden, intermediate,
+      status = linear(act, w.down, w.down_dtype, w.down_bias, x, num_tokens, hidden, intermediate,
                       num_threads, error, error_len);
     if (status != 0) {
       // Keep the kernel's message, say which layer.
@@ -213,6 +226,6 @@ extern "C" int draftgate_decoder_layers(
       return 1;
     }
   }
-  return draftgate_rms_norm(x.data(), hidden, residual.data(), hidden, final_norm, out, residual_next.data(), kFloat32,
+  return draftgate_rms_norm(x, hidden, residual, hidden, final_norm, out, residual_next, kFloat32,
                             num_tokens, hidden, eps, num_threads, error, error_len);
 }
