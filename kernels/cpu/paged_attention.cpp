@@ -145,6 +145,9 @@ void attend(const Problem& p, const WorkItem& it, float* scratch, const Partials
     load_query(p, static_cast<const float*>(p.query), it, q);
   else
     load_query(p, static_cast<const bf16_t*>(p.query), it, q);
+  // The padding rows score_transposed reads: zero, not an earlier call's values (the scratch is
+  // kept between calls).
+  std::fill(q + num_rows * dim, q + std::min<int64_t>(round_up(num_rows, kRowPad), p.max_rows) * dim, 0.0f);
   std::fill(acc, acc + num_rows * dim, 0.0f);
   std::fill(running_max, running_max + num_rows, kNegInf);
   std::fill(sums, sums + num_rows * kLanes, 0.0f);
@@ -370,8 +373,14 @@ extern "C" int draftgate_paged_attention(
   }
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
-  std::vector<float> partial_acc(static_cast<size_t>(num_partials) * p.max_rows * p.padded_dim);
-  std::vector<float> partial_stats(static_cast<size_t>(num_partials) * 2 * p.max_rows);
+  // Partials and each thread's scratch are kept per thread between calls (a layer's call is
+  // tens of microseconds; allocating and zeroing them every call was a measurable part of it).
+  // Every value is written before it is read: the partials by their pieces, the scratch by attend.
+  thread_local std::vector<float> partial_acc, partial_stats;
+  if (partial_acc.size() < static_cast<size_t>(num_partials) * p.max_rows * p.padded_dim)
+    partial_acc.resize(static_cast<size_t>(num_partials) * p.max_rows * p.padded_dim);
+  if (partial_stats.size() < static_cast<size_t>(num_partials) * 2 * p.max_rows)
+    partial_stats.resize(static_cast<size_t>(num_partials) * 2 * p.max_rows);
   const Partials partials{partial_acc.data(), partial_stats.data()};
   const AttendFn attend_fn = cache_dtype == kFloat32 ? select_attend<float>(head_dim) : select_attend<bf16_t>(head_dim);
   const size_t scratch_floats = static_cast<size_t>(p.max_rows) * (2 * p.padded_dim + kKeyChunk + kLanes + 3) +
@@ -383,7 +392,8 @@ extern "C" int draftgate_paged_attention(
 
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    std::vector<float> scratch(scratch_floats);
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
     for (int64_t i; (i = next_item.fetch_add(1, std::memory_order_relaxed)) < num_items;)
       attend_fn(p, items[i], scratch.data(), partials);
     if (num_merges > 0) {
