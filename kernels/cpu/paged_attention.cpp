@@ -128,6 +128,7 @@ void attend(const Problem& p, const WorkItem& it, float* scratch, const Partials
   const int64_t num_rows = (it.q1 - it.q0) * group;
   const int64_t query_len = p.query_start_loc[it.req + 1] - p.query_start_loc[it.req];
   const int64_t first_position = p.seq_lens[it.req] - query_len;  // of the request's query 0
+  const bool single_tile = query_len <= std::max<int64_t>(1, kTargetRows / group);  // as the items were cut
 
   // Scratch, per query vector m < num_rows (score_transposed reads q up to max_rows, a multiple
   // of its tile height; rows past num_rows are never stored).
@@ -167,10 +168,11 @@ void attend(const Problem& p, const WorkItem& it, float* scratch, const Partials
       key_rows[j] = k_cache + offset;
       value_rows[j] = v_cache + offset;
     }
-    // Decode-shaped items stream their keys once: the next chunk's rows start their way from
-    // memory while this one computes (a block's rows are contiguous, but blocks are scattered,
-    // which defeats the hardware prefetcher). Prefill tiles re-read keys that are in cache.
-    const int64_t prefetch_end = num_rows < kRowPad ? std::min<int64_t>(it.k1, c0 + 2 * kKeyChunk) : 0;
+    // Where the request's queries are one tile (decode, verification) its keys are read once:
+    // the next chunk's rows start their way from memory while this one computes (a block's rows
+    // are contiguous, but blocks are scattered, which defeats the hardware prefetcher). A longer
+    // query (prefill) has several tiles re-reading keys that are in cache by then.
+    const int64_t prefetch_end = single_tile ? std::min<int64_t>(it.k1, c0 + 2 * kKeyChunk) : 0;
     RowWalk ahead = rows;  // (copied: `rows` is already at c0 + kKeyChunk)
     for (int64_t pos = c0 + kKeyChunk; pos < prefetch_end; ++pos) {
       const int64_t offset = ahead.next();
