@@ -158,6 +158,7 @@ void attend(const Problem& p, const WorkItem& it, float* scratch, const Partials
   const int32_t* table = p.block_table + it.req * p.block_table_stride;
   const CT* key_rows[kKeyChunk];
   const CT* value_rows[kKeyChunk];
+  const CT* ahead_rows[2 * kKeyChunk];  // the next chunk's key rows, then its value rows
   const int64_t row_bytes = p.head_dim * static_cast<int64_t>(sizeof(CT));
 
   RowWalk rows(p, table, it.kv_head, it.k0);
@@ -174,13 +175,20 @@ void attend(const Problem& p, const WorkItem& it, float* scratch, const Partials
     // query (prefill) has several tiles re-reading keys that are in cache by then.
     const int64_t prefetch_end = single_tile ? std::min<int64_t>(it.k1, c0 + 2 * kKeyChunk) : 0;
     RowWalk ahead = rows;  // (copied: `rows` is already at c0 + kKeyChunk)
-    for (int64_t pos = c0 + kKeyChunk; pos < prefetch_end; ++pos) {
+    int num_ahead = 0;
+    for (int64_t pos = c0 + kKeyChunk; pos < prefetch_end; ++pos, ++num_ahead) {
       const int64_t offset = ahead.next();
-      for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(k_cache + offset) + byte);
-        __builtin_prefetch(reinterpret_cast<const char*>(v_cache + offset) + byte);
-      }
+      ahead_rows[num_ahead] = k_cache + offset;
+      ahead_rows[kKeyChunk + num_ahead] = v_cache + offset;
     }
+    // Decode items prefetch key by key while scoring (score_rows); the others at once here.
+    const bool spread = num_rows < kRowPad;
+    if (!spread)
+      for (int i = 0; i < num_ahead; ++i)
+        for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(ahead_rows[i]) + byte);
+          __builtin_prefetch(reinterpret_cast<const char*>(ahead_rows[kKeyChunk + i]) + byte);
+        }
     bool scored = false;
     if constexpr (kNC > 0) {
       if (num_rows >= kRowPad) {
@@ -188,7 +196,9 @@ void attend(const Problem& p, const WorkItem& it, float* scratch, const Partials
         scored = true;
       }
     }
-    if (!scored) score_rows<CT, kNC>(key_rows, num_keys, q, num_rows, num_parts, tail, probs);
+    if (!scored)
+      score_rows<CT, kNC>(key_rows, num_keys, q, num_rows, num_parts, tail, probs, spread ? ahead_rows : nullptr,
+                          num_ahead, row_bytes);
     online_softmax(c0, num_keys, first_position + it.q0, p.group, p.sliding_window, num_rows, probs, running_max,
                    chunk_max, alpha, sums);
     if constexpr (std::is_same_v<CT, bf16_t>) {
