@@ -77,7 +77,7 @@ class FusedDecoder:
                         layer.post_attention_layernorm.eps))
         if len(shapes) != 1 or norm.weight.dtype != torch.float32:
             return None
-        num_heads, num_kv_heads, head_dim, intermediate, hidden, scale, eps, post_eps = shapes.pop()
+        num_heads, num_kv_heads, head_dim, intermediate, _hidden, scale, eps, post_eps = shapes.pop()
         if eps != post_eps or eps != norm.eps or head_dim % 2:
             return None
         return FusedDecoder(kernels, entries, norm.weight.contiguous(), num_heads=num_heads,
@@ -112,8 +112,8 @@ class FusedDecoder:
         """The stack's output, or None where this step is not for the compiled path (more rows
         than the few-row kernel takes, other dtypes or devices, gradients)."""
         num_tokens = hidden.shape[0]
-        if (not 1 <= num_tokens <= small_rows_linear.SKINNY_MAX_ROWS or hidden.dtype != torch.float32 or not hidden.is_cpu
-                or hidden.requires_grad or cos_sin_table.dtype != torch.float32):
+        if (not 1 <= num_tokens <= small_rows_linear.SKINNY_MAX_ROWS or hidden.dtype != torch.float32
+                or not hidden.is_cpu or hidden.requires_grad or cos_sin_table.dtype != torch.float32):
             return None
         array = self._weights_for(kv_caches)
         if array is None:

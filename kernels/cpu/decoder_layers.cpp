@@ -7,8 +7,8 @@
 // embedding as six tensor ops. On the embedded model (30 layers, 2 threads, an AVX2 EPYC) a
 // one-token step spent 20 ms inside the compiled kernels and 11 ms outside them. Here every
 // layer calls the very same kernels (their C entry points, in the same order, on the same
-// inputs), so the result is bit-identical to the Python path's (tests/kernels/
-// test_decoder_layers.py); only the glue is gone.
+// inputs), so the result is bit-identical to the Python path's (tests/engine/model/
+// test_fused_decoder.py); only the glue is gone.
 //
 // Per layer, as engine/model/llama.py's LlamaDecoderLayer does: input RMSNorm (the first layer
 // without a residual, the others fused with the residual add), the fused q/k/v projection, the

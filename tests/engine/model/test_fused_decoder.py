@@ -89,7 +89,8 @@ def test_the_stack_is_used_for_few_rows_and_the_loop_for_more(monkeypatch: pytes
     assert fused is not None
     calls = []
     original = fused.kernels.decoder_layers
-    monkeypatch.setattr(fused.kernels, "decoder_layers", lambda *a, **k: calls.append(a[2].shape[0]) or original(*a, **k))
+    monkeypatch.setattr(fused.kernels, "decoder_layers",
+                        lambda *a, **k: calls.append(a[2].shape[0]) or original(*a, **k))
     driver = PagedDriver(model, model.arch, num_blocks=96)
     driver.step({0: random_prompts([small_rows_linear.SKINNY_MAX_ROWS + 1], 300)[0]})
     assert calls == []
