@@ -69,15 +69,25 @@ class FusedDecoder:
             if any(w is None for w in weights) or any(n.dtype != torch.float32 or not n.is_cpu for n in norms):
                 return None
             (qkv, qkv_bias), (o, o_bias), (gate_up, gate_up_bias), (down, down_bias) = weights  # type: ignore[misc]
+            # The C side trusts these shapes (it reads [N, K] from the sizes it is given).
+            hidden, q_size = norms[0].shape[0], attention.num_heads * attention.head_dim
+            qkv_rows, intermediate = q_size + 2 * attention.num_kv_heads * attention.head_dim, down.shape[1]
+            expected = [(qkv, (qkv_rows, hidden)), (o, (hidden, q_size)), (gate_up, (2 * intermediate, hidden)),
+                        (down, (hidden, intermediate)), (norms[1], (hidden,))]
+            biases = [(qkv_bias, qkv_rows), (o_bias, hidden), (gate_up_bias, 2 * intermediate), (down_bias, hidden)]
+            if (any(tuple(t.shape) != shape for t, shape in expected)
+                    or any(b is not None and tuple(b.shape) != (n,) for b, n in biases)):
+                return None
             entries.append(dict(input_norm=norms[0].contiguous(), post_norm=norms[1].contiguous(), qkv=qkv,
                                 qkv_bias=qkv_bias, o=o, o_bias=o_bias, gate_up=gate_up, gate_up_bias=gate_up_bias,
                                 down=down, down_bias=down_bias, sliding_window=attention.attn.sliding_window))
-            shapes.add((attention.num_heads, attention.num_kv_heads, attention.head_dim, down.shape[1],
-                        norms[0].shape[0], attention.attn.scale, layer.input_layernorm.eps,
-                        layer.post_attention_layernorm.eps))
+            shapes.add((attention.num_heads, attention.num_kv_heads, attention.head_dim, intermediate, hidden,
+                        attention.attn.scale, layer.input_layernorm.eps, layer.post_attention_layernorm.eps))
         if len(shapes) != 1 or norm.weight.dtype != torch.float32:
             return None
-        num_heads, num_kv_heads, head_dim, intermediate, _hidden, scale, eps, post_eps = shapes.pop()
+        num_heads, num_kv_heads, head_dim, intermediate, hidden, scale, eps, post_eps = shapes.pop()
+        if tuple(norm.weight.shape) != (hidden,):
+            return None
         if eps != post_eps or eps != norm.eps or head_dim % 2:
             return None
         return FusedDecoder(kernels, entries, norm.weight.contiguous(), num_heads=num_heads,

@@ -108,6 +108,13 @@ def test_it_does_not_apply_to_what_it_does_not_cover() -> None:
     assert int8._fused_decoder() is None  # quantized linears
 
 
+def test_weights_of_unexpected_shapes_take_the_loop() -> None:
+    model = _prepared("qwen2_bias")
+    # A layer whose o_proj is not [hidden, heads x head_dim] (the C side would trust the sizes).
+    model.layers[1].self_attn.o_proj.plain_weight = model.layers[1].self_attn.o_proj.plain_weight[:, :-2].contiguous()
+    assert FusedDecoder.build(model.layers, model.norm) is None
+
+
 def test_the_compiled_path_is_rebuilt_after_the_linears_change() -> None:
     model = tiny_model("llama_tied")
     driver = PagedDriver(model, model.arch)
