@@ -112,25 +112,28 @@ inline void accumulate_values(int64_t head_dim, const VT* const* value_rows, int
   }
 }
 
+// Starts a key row and its value row (row_bytes each) on their way into cache.
+template <typename CT>
+inline void prefetch_rows(const CT* key_row, const CT* value_row, int64_t row_bytes) {
+  for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+    __builtin_prefetch(reinterpret_cast<const char*>(key_row) + byte);
+    __builtin_prefetch(reinterpret_cast<const char*>(value_row) + byte);
+  }
+}
+
 // scores[m][j] = q[m] . key j, one key row at a time against every query vector: a horizontal
 // sum per score, so used when there are few query vectors (decode).
 // ahead: null, or rows (keys and values of the next chunk, 2 x kKeyChunk pointers, `num_ahead`
-// of each, `row_bytes` long) to prefetch, one key's lines per key scored: spread over the chunk
-// rather than issued at once, which stalled on the core's outstanding-miss slots.
+// of each, `row_bytes` long) to prefetch, ahead row j with key j: spread over the chunk rather
+// than issued at once, which stalled on the core's outstanding-miss slots. A chunk with a next
+// one is a full chunk, so num_ahead <= num_keys.
 template <typename CT, int kNC>
 inline void score_rows(const CT* const* key_rows, int num_keys, const float* q, int64_t num_rows, int num_parts,
                        int tail, float* scores, const CT* const* ahead = nullptr, int num_ahead = 0,
                        int64_t row_bytes = 0) {
   const int64_t dim = int64_t(num_parts) * kLanes;
   for (int j = 0; j < num_keys; ++j) {
-    if (ahead != nullptr) {
-      // Ahead row j with key j; the last key takes any rows past this chunk's count.
-      for (int i = j; i < (j + 1 < num_keys ? std::min(j + 1, num_ahead) : num_ahead); ++i)
-        for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-          __builtin_prefetch(reinterpret_cast<const char*>(ahead[i]) + byte);
-          __builtin_prefetch(reinterpret_cast<const char*>(ahead[kKeyChunk + i]) + byte);
-        }
-    }
+    if (ahead != nullptr && j < num_ahead) prefetch_rows(ahead[j], ahead[kKeyChunk + j], row_bytes);
     if constexpr (kNC > 0) {
       Vec k[kNC];
       for (int c = 0; c < kNC; ++c) k[c] = vload(key_rows[j] + c * kLanes);

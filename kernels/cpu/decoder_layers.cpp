@@ -24,6 +24,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "vec.h"  // at_least
+
 namespace {
 
 enum DType : int64_t { kFloat32 = 0, kBFloat16 = 1 };
@@ -154,14 +156,13 @@ extern "C" int draftgate_decoder_layers(
   // Scratch for the layer's activations, [num_tokens, width] each: one buffer per calling thread,
   // kept between calls (a step's ~2 MB at 40 rows would otherwise be mapped, zeroed and
   // unmapped again every step).
-  thread_local std::vector<float> scratch;
+  thread_local std::vector<float> kept;
   const int64_t widths[] = {hidden, hidden, hidden, hidden, qkv_width, qk_heads * head_dim, q_size,
                             2 * intermediate, intermediate};
   int64_t total = 0;
   for (int64_t width : widths) total += num_tokens * width;
-  if (static_cast<int64_t>(scratch.size()) < total) scratch.resize(total);
   float* parts[9];
-  float* next = scratch.data();
+  float* next = draftgate::at_least(kept, static_cast<size_t>(total));
   for (int i = 0; i < 9; ++i) {
     parts[i] = next;
     next += num_tokens * widths[i];

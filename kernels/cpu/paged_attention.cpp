@@ -184,11 +184,7 @@ void attend(const Problem& p, const WorkItem& it, float* scratch, const Partials
     // Decode items prefetch key by key while scoring (score_rows); the others at once here.
     const bool spread = num_rows < kRowPad;
     if (!spread)
-      for (int i = 0; i < num_ahead; ++i)
-        for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-          __builtin_prefetch(reinterpret_cast<const char*>(ahead_rows[i]) + byte);
-          __builtin_prefetch(reinterpret_cast<const char*>(ahead_rows[kKeyChunk + i]) + byte);
-        }
+      for (int i = 0; i < num_ahead; ++i) prefetch_rows(ahead_rows[i], ahead_rows[kKeyChunk + i], row_bytes);
     bool scored = false;
     if constexpr (kNC > 0) {
       if (num_rows >= kRowPad) {
@@ -389,11 +385,8 @@ extern "C" int draftgate_paged_attention(
   // tens of microseconds; allocating and zeroing them every call was a measurable part of it).
   // Every value is written before it is read: the partials by their pieces, the scratch by attend.
   thread_local std::vector<float> partial_acc, partial_stats;
-  if (partial_acc.size() < static_cast<size_t>(num_partials) * p.max_rows * p.padded_dim)
-    partial_acc.resize(static_cast<size_t>(num_partials) * p.max_rows * p.padded_dim);
-  if (partial_stats.size() < static_cast<size_t>(num_partials) * 2 * p.max_rows)
-    partial_stats.resize(static_cast<size_t>(num_partials) * 2 * p.max_rows);
-  const Partials partials{partial_acc.data(), partial_stats.data()};
+  const Partials partials{at_least(partial_acc, static_cast<size_t>(num_partials) * p.max_rows * p.padded_dim),
+                          at_least(partial_stats, static_cast<size_t>(num_partials) * 2 * p.max_rows)};
   const AttendFn attend_fn = cache_dtype == kFloat32 ? select_attend<float>(head_dim) : select_attend<bf16_t>(head_dim);
   const size_t scratch_floats = static_cast<size_t>(p.max_rows) * (2 * p.padded_dim + kKeyChunk + kLanes + 3) +
                                static_cast<size_t>(2 * kKeyChunk * p.padded_dim);
@@ -404,14 +397,14 @@ extern "C" int draftgate_paged_attention(
 
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    thread_local std::vector<float> scratch;
-    if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
+    thread_local std::vector<float> kept;
+    float* scratch = at_least(kept, scratch_floats);
     for (int64_t i; (i = next_item.fetch_add(1, std::memory_order_relaxed)) < num_items;)
-      attend_fn(p, items[i], scratch.data(), partials);
+      attend_fn(p, items[i], scratch, partials);
     if (num_merges > 0) {
 #pragma omp barrier
       for (int64_t i; (i = next_merge.fetch_add(1, std::memory_order_relaxed)) < num_merges;)
-        merge(p, merges[i], partials, scratch.data());
+        merge(p, merges[i], partials, scratch);
     }
   }
   return 0;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(DRAFTGATE_PORTABLE)
 #include <immintrin.h>
@@ -26,6 +27,14 @@
 #endif
 
 namespace draftgate {
+
+// At least n floats of `buffer`, a thread_local one kept between calls (grown, never shrunk):
+// per-call scratch without allocating and zeroing it every call. Its values are whatever an
+// earlier call left, so callers write before they read.
+inline float* at_least(std::vector<float>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
 
 constexpr int kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -101,7 +101,8 @@ def test_the_stack_is_used_for_few_rows_and_the_loop_for_more(monkeypatch: pytes
 
 
 def test_it_does_not_apply_to_what_it_does_not_cover() -> None:
-    assert FusedDecoder.build(tiny_model("llama_tied").layers, tiny_model("llama_tied").norm) is None  # training form
+    training_form = tiny_model("llama_tied")
+    assert FusedDecoder.build(training_form.layers, training_form.norm) is None
     assert _prepared("qwen3_qk_norm")._fused_decoder() is None  # per-head q/k norms
     int8 = tiny_model("llama_tied")
     prepare_for_inference(int8, "int8", torch.device("cpu"))
