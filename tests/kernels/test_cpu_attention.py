@@ -191,6 +191,24 @@ def test_long_rows_split_across_threads(compiled, sliding_window) -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sliding_window", [None, 100])
+def test_verification_rows_read_keys_once(compiled, dtype, sliding_window) -> None:
+    """Requests verifying 2-10 drafted tokens (one query tile each, scored key by key with the
+    next chunk's rows prefetched) over contexts that span many chunks and blocks, alone and eight
+    at once, with and without the key ranges split across threads."""
+    threads = torch.get_num_threads()
+    try:
+        for num_threads in (1, 4):
+            torch.set_num_threads(num_threads)
+            for query_lens, prefixes in (([2], [400]), ([5], [999]), ([10], [257]), ([7], [31]),
+                                         ([2, 3, 4, 5, 6, 2, 9, 10], [300, 33, 64, 500, 1, 128, 96, 200])):
+                case = make_case(query_lens, prefixes, 3, 3, 64, 16, sliding_window, seed=8)
+                check(compiled, case, sliding_window, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_strided_query_and_mixed_dtypes(compiled) -> None:
     """The model passes q as a view of the fused qkv projection; a bf16 query may meet an fp32
     cache (computed in fp32, so it matches the dense attention of the rounded query)."""
