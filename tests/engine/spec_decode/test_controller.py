@@ -716,3 +716,39 @@ def test_a_staircase_step_is_priced_by_the_steps_seen_in_a_batch() -> None:
     # Alone, the line's plan stands (a head's confident drafts run past the plan's count).
     alone = {"r0": (controller_module.Candidate("r0", [0.5], spec.cost.token_seconds(100)), 1)}
     assert spec._price_by_steps_seen(alone, [[alone["r0"][0]]], 1, step_seconds, run, {"r0": 1.0}) == alone
+
+
+@pytest.mark.parametrize("draft_class", [CountingDraft, ConfidentDraft])
+def test_alone_a_confident_draft_model_runs_whenever_its_pooled_first_draft_pays(draft_class) -> None:
+    # 31 ms a step, 1 ms to verify a token, the draft's own 12 ms a token: a draft must be
+    # accepted 13 / 31 = 0.42 of the time to pay. Other requests' drafts were all accepted, this
+    # one's last ten were not: its own rate is below that, the pooled first-draft rate above.
+    spec, draft = controller("draft", draft_seconds=0.012, draft_class=draft_class)
+    for name, accepted, times in (("b", 1, 30), ("a", 0, 10)):
+        for _ in range(times):
+            spec.propose([request(name, [9])], batch_size=1)
+            spec.record(name, 1, accepted)
+    draft.asked.clear()
+    break_even = 0.013 / 0.031
+    assert spec.acceptance("a", "draft") < break_even < spec._pooled["draft"].first_p
+    r = request("a", [9])
+    drafted = spec.propose([r], batch_size=1)["a"].token_ids
+    if draft_class is ConfidentDraft:
+        assert draft.asked == [("a", 4)] and r.num_drafts == 4 == len(drafted)  # its confidence sets the depth
+    else:  # a draft model that cannot tell a sure draft from a guess keeps to the plan
+        assert draft.asked == [] and drafted == []
+    # Not in a batch, where the others wait for its verification (the plan and its gate decide).
+    spec.propose([request("a", [9]), request("c", [9])], batch_size=2)
+    assert ("a", 4) not in draft.asked[1:]
+
+
+def test_alone_a_confident_draft_model_stays_off_while_its_pooled_rate_does_not_pay() -> None:
+    spec, draft = controller("draft", draft_seconds=0.012, draft_class=ConfidentDraft)
+    for name in ("a", "b", "c"):
+        for _ in range(20):
+            spec.propose([request(name, [9])], batch_size=1)
+            spec.record(name, 1, 0)
+    draft.asked.clear()
+    assert spec._pooled["draft"].first_p < 0.013 / 0.031
+    r = request("a", [9])
+    assert spec.propose([r], batch_size=1)["a"].token_ids == [] and draft.asked == []
