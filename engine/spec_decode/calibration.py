@@ -47,6 +47,13 @@ class ConfidenceCalibration:
         self._table = _monotone(self.accepted, self.trials)
         self.next_chance = NEXT_PRIOR
 
+    @property
+    def overall(self) -> float:
+        """The chance the target accepts a drafted token, whatever its probability: over the
+        same decaying counts (about the last 200 verifications), with every bin's prior."""
+        prior = PRIOR_TRIALS * sum((b + 0.5) / NUM_BINS for b in range(NUM_BINS))
+        return (sum(self.accepted) + prior) / (sum(self.trials) + PRIOR_TRIALS * NUM_BINS)
+
     def acceptance(self, prob: float) -> float:
         """The chance the target accepts a drafted token the draft gave probability prob
         (given every draft before it was accepted)."""

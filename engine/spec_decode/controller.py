@@ -52,8 +52,8 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   request's drafts where the chance that all of them are accepted (its own probability of each
   token, calibrated online: calibration.py) falls below the break-even gain of one more token,
   and a request alone drafts on up to its cap while that chance pays (_confidence_floors).
-  Alone, it also runs on steps where the plan drafts nothing, while its first drafts pooled over
-  all requests pay (_head_pays_alone): the request's own rate falls after a few rejections that
+  Alone, it also runs on steps where the plan drafts nothing, while its tokens' acceptance over
+  all requests' recent verifications pays (_head_pays_alone): the request's own rate falls after a few rejections that
   say little about the next draft, and the head's confidence tells its sure drafts apart.
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
   when it drafts again (draft_model.py), so a switched-off draft costs little (an EAGLE head
@@ -535,17 +535,20 @@ class SpeculationController:
 
     def _head_pays_alone(self, request: ProposalRequest, step_seconds: float) -> bool:
         """Alone, whether a draft model that stops by confidence should run whenever the plan
-        drafts nothing: its first draft at the pooled first-draft rate pays for a verified token
-        and a run of the draft model to depth 1. The request's own rate decides too little: after
-        a few rejections it fell to 0.17-0.29 where the head's next first draft was accepted about
-        as often as any (0.32-0.50 on code, calibration.py), and the plan ran plain steps there
-        while the head's own confidence would have told a sure draft from a guess. Running it on
-        those steps, code at one stream made 1.72x of none against 1.65x (float32, AVX2 EPYC, two
-        rounds side by side; chat 1.30x against 1.29x, agent turns 2.21x against 2.17x)."""
+        drafts nothing: its tokens, at the rate the target accepted them over the calibration's
+        last ~200 verifications, pay for a verified token and a run of the draft model to depth
+        1. The request's own rate decides too little: after a few rejections it fell to 0.17-0.29
+        where the head's next first draft was accepted about as often as any (0.32-0.50 on code,
+        calibration.py), and the plan ran plain steps there while the head's own confidence
+        would have told a sure draft from a guess. The pooled rate (about the last 20
+        verifications) fell as low in runs of rejections. Running the head on every such step,
+        code at one stream made 1.72x of none against 1.65x (float32, AVX2 EPYC, two rounds side
+        by side; chat 1.30x against 1.29x, agent turns 2.21x against 2.17x); this rule keeps a
+        head that is mostly wrong (or whose costs here are out of proportion) off."""
         if not (self._knows_confidence and self.config.adaptive) or step_seconds <= 0:
             return False
         seconds = self.cost.token_seconds(_context_len(request)) + self.draft_cost.seconds(1, 1)
-        return self._pooled["draft"].first_p >= break_even_gain(step_seconds, 1, seconds)
+        return self.calibration.overall >= break_even_gain(step_seconds, 1, seconds)
 
     def _price_by_steps_seen(self, plan: dict[str, tuple[Candidate, int]], options: list[list[Candidate]],
                              batch_size: int, step_seconds: float, run: DraftRun,
