@@ -149,6 +149,13 @@ class StepCostModel(PlaneFit):
             return 0.0
         return max(0.0, (more - base) / added - self.b)
 
+    def secant_seconds(self, num_tokens: int, added: int) -> float | None:
+        """Seconds per token that `added` more tokens cost on a step of num_tokens, by the
+        table's secant (attention excluded, never negative); None unless both steps were seen."""
+        if added <= 0 or not (self.seen(num_tokens) and self.seen(num_tokens + added)):
+            return None
+        return max(0.0, (self._by_tokens[num_tokens + added] - self._by_tokens[num_tokens]) / added)
+
     def seen(self, num_tokens: int) -> bool:
         """Whether a step of exactly num_tokens tokens was observed (the base of a secant)."""
         return num_tokens in self._by_tokens

@@ -754,3 +754,35 @@ def test_alone_a_confident_draft_model_stays_off_while_its_tokens_do_not_pay() -
         spec.record("a", len(drafted), 0)
     assert 0 < sum(ran) <= 10 and not any(ran[10:]) and len(draft.asked) == sum(ran)
     assert spec.calibration.overall < 0.5
+
+
+def test_alone_the_head_prices_a_verified_token_by_the_steps_seen_with_its_drafts() -> None:
+    # Steps of 2 to 5 tokens cost 30-30.3 ms, those of 6 to 48 1 ms a token more each: the line
+    # says ~1 ms a token, the steps seen with one to four drafts 0.1 ms. Alone, the floor of the
+    # drafts after the first is (0.1 ms verifying, the draft's own) / step; until a step with
+    # one draft and one with more were seen, and in a batch, the line prices them.
+    spec, draft = controller("draft", draft_seconds=0.010, draft_class=ConfidentDraft)
+    spec.cost._by_tokens.clear()  # (forgets the line controller() showed it; the fit keeps it)
+    step = spec._plain_step_seconds(4, 1)
+
+    def floor(batch_size: int = 1) -> float:
+        """The floor the next proposal sets, given what verifying a token costs there."""
+        own = spec.draft_cost.per_token + spec.draft_cost.per_depth / batch_size
+        requests = [request(name, [9]) for name in "ab"[:batch_size]]
+        spec.propose(requests, batch_size=batch_size)
+        return draft.floors[-1], own
+
+    found, own = floor()
+    assert found == pytest.approx((spec.cost.token_seconds(4) + own) / step, rel=1e-6)
+    for n in (2, 3, 4, 5):
+        spec.cost._by_tokens[n] = 0.030 + 0.0001 * (n - 2)
+    for n in range(6, 49):
+        spec.cost._by_tokens[n] = 0.0303 + 0.001 * (n - 5)
+    assert spec.cost.b > 0.0008
+    found, own = floor()
+    assert found == pytest.approx((0.0001 + own) / step, rel=1e-6)
+    del spec.cost._by_tokens[5]  # the furthest seen up to the cap's: 4 tokens
+    found, own = floor()
+    assert found == pytest.approx((0.0001 + own) / step, rel=1e-6)
+    found, _ = floor(batch_size=2)
+    assert found >= spec.cost.token_seconds(4) * 2 / spec._plain_step_seconds(4, 2)

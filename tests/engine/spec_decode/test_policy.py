@@ -256,6 +256,16 @@ def test_step_table_prices_what_the_line_misses() -> None:
     assert cost.surcharge(8, 0) == 0.0 and cost.surcharge(100, 50) == 0.0  # unseen end
 
 
+def test_step_table_secant_between_seen_steps() -> None:
+    cost = StepCostModel()
+    staircase(cost)
+    assert cost.secant_seconds(1, 3) == 0.0  # 1 and 4 tokens took 30 ms: verified rows were free there
+    assert cost.secant_seconds(8, 8) == pytest.approx(0.027 / 8)
+    assert cost.secant_seconds(4, 4) == pytest.approx(0.001 / 4)
+    assert cost.secant_seconds(1, 4) is None and cost.secant_seconds(8, 4) is None  # an end not seen
+    assert cost.secant_seconds(8, 0) is None
+
+
 def test_the_step_table_averages_and_forgets_attention() -> None:
     cost = StepCostModel()
     for n, w in ((8, 1000), (16, 9000), (8, 4000), (40, 2000), (16, 100)) * 6:
