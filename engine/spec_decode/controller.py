@@ -432,17 +432,27 @@ class SpeculationController:
         EPYC, two rounds side by side, each draft after the first priced at 0.3 ms).
         (What it gained in the speculative benchmark: docs/speculative.md, "Confidence".)"""
         depth_share = self.draft_cost.per_depth / len(drafting)
-        row = None
-        if batch_size == 1:  # from a step with one draft (2 tokens) to the furthest seen up to the cap's
-            row = next((self.cost.secant_seconds(2, n - 2) for n in range(self.draft_tokens + 1, 2, -1)
-                        if self.cost.seen(n) and self.cost.seen(2)), None)
+        row = self._alone_row_seconds() if batch_size == 1 else None
         for request in drafting:
-            context = _context_len(request)
-            verify = self.cost.token_seconds(context) if row is None else row + self.cost.c * (context + 1)
-            seconds = verify + self.draft_cost.per_token + depth_share
+            seconds = self._verify_seconds(request, row) + self.draft_cost.per_token + depth_share
             request.min_confidence = break_even_gain(step_seconds, batch_size, seconds)
             if batch_size == 1:
                 request.num_drafts = min(rooms[request.req_id], self.draft_tokens)
+
+    def _alone_row_seconds(self) -> float | None:
+        """Alone, what a verified row past a step's first draft costs, attention excluded: the
+        step table's secant from a step with one draft (2 tokens) to the furthest seen up to the
+        draft model's cap (None while no two such were seen)."""
+        if not self.cost.seen(2):
+            return None
+        return next((self.cost.secant_seconds(2, n - 2) for n in range(self.draft_tokens + 1, 2, -1)
+                     if self.cost.seen(n)), None)
+
+    def _verify_seconds(self, request: ProposalRequest, row: float | None) -> float:
+        """One more verified token of the request: row (_alone_row_seconds) plus its attention,
+        or, without one, the fitted slope at its context."""
+        context = _context_len(request)
+        return self.cost.token_seconds(context) if row is None else row + self.cost.c * (context + 1)
 
     def _plain_step_seconds(self, mean_context: float, batch_size: int) -> float:
         """Plain decoding's step: every running request one token, at its context (mean_context:
@@ -475,7 +485,9 @@ class SpeculationController:
         hit_rates = self.alternative_hit_rates()
         chosen: dict[str, list[float]] = {}
         for request in eligible:
-            # Two rows (the pair), each priced like one more verified token at its context.
+            # Two rows (the pair), each priced like one more verified token at its context. (Not
+            # by _alone_row_seconds: the pairs' rows come after the chain's, where a CPU's rows
+            # cost more again; priced by it, all three ranks were asked and one stream lost 4-6%.)
             threshold = break_even_gain(step_seconds, batch_size, 2 * self.cost.token_seconds(_context_len(request)))
             nets: list[float] = []
             for hit in hit_rates[: request.max_alternatives]:
