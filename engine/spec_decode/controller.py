@@ -53,8 +53,9 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   token, calibrated online: calibration.py) falls below the break-even gain of one more token,
   and a request alone drafts on up to its cap while that chance pays (_confidence_floors).
   Alone, it also runs on steps where the plan drafts nothing, while its tokens' acceptance over
-  all requests' recent verifications pays (_head_pays_alone): the request's own rate falls after a few rejections that
-  say little about the next draft, and the head's confidence tells its sure drafts apart.
+  all requests' recent verifications pays (_head_pays_alone): the request's own rate falls after
+  a few rejections that say little about the next draft, and the head's confidence tells its
+  sure drafts apart.
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
   when it drafts again (draft_model.py), so a switched-off draft costs little (an EAGLE head
   still keeps its KV current in batched passes: eagle.py).
@@ -428,8 +429,8 @@ class SpeculationController:
         table's secant, attention added), where two such were seen: the fitted slope is pulled
         up by long suffix drafts (17 rows cost 2.4 one-row steps on a CPU, where 2 to 5 rows
         cost about what 2 do), and priced by it the head stopped where its drafts still paid:
-        chat at one stream 1.34x of none against 1.26x, code 1.69x against 1.67x (float32, AVX2
-        EPYC, two rounds side by side, each draft after the first priced at 0.3 ms).
+        chat at one stream 1.31x of none against 1.24x, code 1.69x against 1.66x (float32, AVX2
+        EPYC, two rounds side by side).
         (What it gained in the speculative benchmark: docs/speculative.md, "Confidence".)"""
         depth_share = self.draft_cost.per_depth / len(drafting)
         row = self._alone_row_seconds() if batch_size == 1 else None
@@ -566,10 +567,10 @@ class SpeculationController:
         where the head's next first draft was accepted about as often as any (0.32-0.50 on code,
         calibration.py), and the plan ran plain steps there while the head's own confidence
         would have told a sure draft from a guess. The pooled rate (about the last 20
-        verifications) fell as low in runs of rejections. Running the head on every such step,
-        code at one stream made 1.72x of none against 1.65x (float32, AVX2 EPYC, two rounds side
-        by side; chat 1.30x against 1.29x, agent turns 2.21x against 2.17x); this rule keeps a
-        head that is mostly wrong (or whose costs here are out of proportion) off."""
+        verifications) fell as low in runs of rejections. With this rule, code at one stream made
+        1.64x of none against 1.56x without it (float32, AVX2 EPYC, two rounds side by side; chat
+        1.25x against 1.22x, agent turns 2.13x against 2.12x); it keeps a head that is mostly
+        wrong (or whose costs here are out of proportion) off."""
         if not (self._knows_confidence and self.config.adaptive) or step_seconds <= 0:
             return False
         seconds = self.cost.token_seconds(_context_len(request)) + self.draft_cost.seconds(1, 1)
