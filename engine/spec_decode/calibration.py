@@ -38,6 +38,7 @@ DECAY = 0.995  # weight of the past per verification (about the last 200 count)
 MAX_ACCEPTANCE = 0.99  # a draft is never sure: keeps the chance of a run decreasing
 NEXT_DECAY = 0.99  # weight of the past per position in next_chance (about the last 100)
 NEXT_PRIOR = 0.5  # next_chance before any position after a first draft was computed
+_PRIOR_ACCEPTED = PRIOR_TRIALS * sum((b + 0.5) / NUM_BINS for b in range(NUM_BINS))  # every bin's prior, summed
 
 
 class ConfidenceCalibration:
@@ -51,8 +52,7 @@ class ConfidenceCalibration:
     def overall(self) -> float:
         """The chance the target accepts a drafted token, whatever its probability: over the
         same decaying counts (about the last 200 verifications), with every bin's prior."""
-        prior = PRIOR_TRIALS * sum((b + 0.5) / NUM_BINS for b in range(NUM_BINS))
-        return (sum(self.accepted) + prior) / (sum(self.trials) + PRIOR_TRIALS * NUM_BINS)
+        return (sum(self.accepted) + _PRIOR_ACCEPTED) / (sum(self.trials) + PRIOR_TRIALS * NUM_BINS)
 
     def acceptance(self, prob: float) -> float:
         """The chance the target accepts a drafted token the draft gave probability prob

@@ -444,10 +444,8 @@ class SpeculationController:
         """Alone, what a verified row past a step's first draft costs, attention excluded: the
         step table's secant from a step with one draft (2 tokens) to the furthest seen up to the
         draft model's cap (None while no two such were seen)."""
-        if not self.cost.seen(2):
-            return None
-        return next((self.cost.secant_seconds(2, n - 2) for n in range(self.draft_tokens + 1, 2, -1)
-                     if self.cost.seen(n)), None)
+        secants = (self.cost.secant_seconds(2, n - 2) for n in range(self.draft_tokens + 1, 2, -1))
+        return next((seconds for seconds in secants if seconds is not None), None)
 
     def _verify_seconds(self, request: ProposalRequest, row: float | None) -> float:
         """One more verified token of the request: row (_alone_row_seconds) plus its attention,

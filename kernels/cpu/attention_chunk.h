@@ -122,7 +122,7 @@ inline void prefetch_rows(const CT* key_row, const CT* value_row, int64_t row_by
 }
 
 // scores[m][j] = q[m] . key j, one key row at a time against every query vector: a horizontal
-// sum per score, so used when there are few query vectors (decode).
+// sum per score, so used for one-tile queries (decode, verification), whose keys are read once.
 // ahead: null, or rows (keys and values of the next chunk, 2 x kKeyChunk pointers, `num_ahead`
 // of each, `row_bytes` long) to prefetch, ahead row j with key j: spread over the chunk rather
 // than issued at once, which stalled on the core's outstanding-miss slots. A chunk with a next
