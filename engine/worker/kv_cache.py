@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.worker.huge_pages import zeros_in_huge_pages
 from kernels.kv_store import FP8KVCache
 
 # CPU default when no budget is configured: a quarter of available memory, at most 4 GiB.
@@ -91,18 +92,19 @@ def cuda_budget_bytes(device: torch.device, gpu_memory_utilization: float, peak_
     return budget
 
 
-def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int,
-                       device: torch.device) -> list[torch.Tensor] | list[FP8KVCache]:
+def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int, device: torch.device, *,
+                       huge_pages: bool = False) -> list[torch.Tensor] | list[FP8KVCache]:
     """One [2, num_blocks, num_kv_heads, block_size, head_dim] view per layer; for an fp8 spec,
     one FP8KVCache (that view in float8_e4m3fn plus its [2, num_blocks, num_kv_heads,
-    block_size] float32 scales) per layer."""
+    block_size] float32 scales) per layer. huge_pages: on a CPU, the memory in 2 MiB pages where
+    Linux allows it (engine/worker/huge_pages.py)."""
     # zeros, not empty: attention reads padded key slots of the last block (masked out, but a
     # NaN from uninitialised memory times a zero weight is still NaN).
-    storage = torch.zeros(
-        (spec.num_layers, 2, num_blocks, spec.num_kv_heads, spec.block_size, spec.head_dim),
-        dtype=spec.storage_dtype,
-        device=device,
-    )
+    shape = (spec.num_layers, 2, num_blocks, spec.num_kv_heads, spec.block_size, spec.head_dim)
+    if huge_pages and device.type == "cpu":
+        storage = zeros_in_huge_pages(shape, spec.storage_dtype)
+    else:
+        storage = torch.zeros(shape, dtype=spec.storage_dtype, device=device)
     if not spec.is_fp8:
         return list(storage.unbind(0))
     scales = torch.zeros((spec.num_layers, 2, num_blocks, spec.num_kv_heads, spec.block_size),

@@ -31,6 +31,7 @@ from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 from engine.worker.alternatives import MAX_PAIRS, SCRATCH_BLOCKS, PairedInputs, copy_blocks, copy_slots, pair_inputs
+from engine.worker.huge_pages import collapse_into_huge_pages, module_tensors
 from engine.worker.input_batch import CachedRequestState, build_step_inputs
 from engine.worker.kv_cache import (
     KVCacheSpec,
@@ -152,6 +153,17 @@ class ModelRunner:
             self._draft_proposer_class = EagleProposer if self.draft.fc_weight is not None else DraftModelProposer
             self._draft_kv_bytes_per_block = self._draft_proposer_class.kv_bytes_per_block(
                 self.draft, self.block_size, self.draft_dtype)
+        # Weights in 2 MiB pages (in place: nothing moves), and the KV caches allocated so.
+        self.huge_pages = device_config.huge_pages and self.device.type == "cpu"
+        self.huge_page_weight_bytes = 0
+        if self.huge_pages:
+            started = time.perf_counter()
+            draft_tensors = [] if self.draft is None else [
+                *module_tensors(self.draft.model),
+                *(t for t in (self.draft.head_weight, self.draft.fc_weight) if t is not None)]
+            self.huge_page_weight_bytes = collapse_into_huge_pages(module_tensors(self.model) + draft_tensors)
+            logger.info("weights: %.0f MiB in 2 MiB pages (%.2f s)", self.huge_page_weight_bytes / 2**20,
+                        time.perf_counter() - started)
         self.spec: SpeculationController | None = None  # built with the KV cache
         self.step_seconds = 0.0
         self.num_accepted_alternatives = 0  # runners-up the target took (each with its bonus token)
@@ -212,7 +224,8 @@ class ModelRunner:
                 and not self.kv_spec.is_fp8:
             self._first_scratch_block = num_blocks
         self.kv_caches = allocate_kv_caches(
-            self.kv_spec, num_blocks + (SCRATCH_BLOCKS if self._first_scratch_block is not None else 0), self.device)
+            self.kv_spec, num_blocks + (SCRATCH_BLOCKS if self._first_scratch_block is not None else 0), self.device,
+            huge_pages=self.huge_pages)
         self.num_blocks = num_blocks
         self._build_speculation()
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.worker.huge_pages import collapse_supported
 
 PROMPTS = [
     "The capital of France is",
@@ -154,3 +155,13 @@ def test_bad_token_ids_are_refused(llm: LLM) -> None:
     with pytest.raises(ValueError, match="logit_bias"):
         llm.generate("hi", SamplingParams(logit_bias={10**7: 1.0}), use_tqdm=False)
     assert llm.stats().kv_cache_usage == 0.0
+
+
+def test_pages_change_no_token(llm: LLM, reference_outputs: list[list[int]]) -> None:
+    """Weights and KV in 2 MiB pages (the default) or as the allocator left them: the same tokens."""
+    plain = LLM(kv_cache_memory="256MiB", dtype="float32", huge_pages=False)
+    assert plain.engine.runner.huge_page_weight_bytes == 0
+    assert [o.token_ids for o in plain.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference_outputs
+    if collapse_supported():
+        # nearly all of the 540 MB of float32 weights (MADV_COLLAPSE, Linux 6.1+)
+        assert llm.engine.runner.huge_page_weight_bytes > 400 * 2**20
