@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # model and draft dtypes
 QUANTIZATION_METHODS = ("int8", "int4", "fp8", "gptq", "awq")
 KV_CACHE_DTYPES = ("auto", "fp8")
+DRAFT_WEIGHT_FORMATS = ("auto", "dtype", "bf16", "int8")  # how a float32 draft holds its weights
 
 
 def _require(ok: bool, name: str, message: str) -> None:
@@ -140,8 +141,13 @@ class SpeculativeConfig:
     adaptive: draft fewer tokens when a request's acceptance is low or the batch is large.
     draft_dtype: the draft's weights, activations and KV: "auto" (the target's dtype, except
     under a float32 target where `dtype="auto"` would take bfloat16: there the draft runs in
-    bfloat16; and on AVX2 CPUs, where it stays float32, its weights are held in bfloat16 and
-    widened as the few-row kernel reads them) or a dtype ("float32": all of it in float32).
+    bfloat16; on AVX2 CPUs, where it stays float32, see draft_weights) or a dtype ("float32":
+    all of it in float32).
+    draft_weights: how a float32 draft on a CPU whose few-row products take the compiled kernel
+    (AVX2) holds its weights, computing in float32 over them: "bf16" (half the bytes, exact for
+    the shipped drafts' bf16 layers), "int8" (a quarter, one scale per row: rounds them), "dtype"
+    (float32 itself), or "auto": int8 under draft_dtype "auto", else the dtype
+    (engine/worker/model_runner.py's draft_weight_format).
     Drafts only propose and the target verifies every token, so the draft's precision changes
     how many tokens are accepted, never the output.
     """
@@ -152,8 +158,11 @@ class SpeculativeConfig:
     num_suffix_tokens: int = 16
     adaptive: bool = True
     draft_dtype: str = "auto"
+    draft_weights: str = "auto"
 
     def __post_init__(self) -> None:
+        _require(self.draft_weights in DRAFT_WEIGHT_FORMATS, "draft_weights",
+                 f"must be one of {DRAFT_WEIGHT_FORMATS}, got {self.draft_weights!r}")
         _require(self.draft_dtype in DTYPES, "draft_dtype",
                  f"must be one of {DTYPES}, got {self.draft_dtype!r}")
         _require(self.method in SPECULATIVE_METHODS, "speculative",
@@ -233,6 +242,7 @@ def build_engine_config(
     num_suffix_tokens: int = 16,
     adaptive_speculation: bool = True,
     draft_dtype: str = "auto",
+    draft_weights: str = "auto",
 ) -> EngineConfig:
     """One place that turns keyword options (offline API and CLI alike) into EngineConfig."""
     if isinstance(kv_cache_memory, str):
@@ -261,5 +271,5 @@ def build_engine_config(
         speculative=SpeculativeConfig(method=speculative, draft_model=draft,
                                       num_speculative_tokens=num_speculative_tokens,
                                       num_suffix_tokens=num_suffix_tokens, adaptive=adaptive_speculation,
-                                      draft_dtype=draft_dtype),
+                                      draft_dtype=draft_dtype, draft_weights=draft_weights),
     )

@@ -20,8 +20,15 @@ from types import FrameType
 
 import uvicorn
 
-from engine.config import parse_bytes
-from engine.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, SPECULATIVE_METHODS, build_engine_config
+from engine.config import (
+    DRAFT_WEIGHT_FORMATS,
+    DTYPES,
+    KV_CACHE_DTYPES,
+    QUANTIZATION_METHODS,
+    SPECULATIVE_METHODS,
+    build_engine_config,
+    parse_bytes,
+)
 from engine.model.resolve import resolve_model, shipped_draft_path
 from gateway.app import create_app
 from gateway.canonical.policy import POLICY_HEADER, POLICY_NAMES
@@ -67,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the draft's dtype (auto: the target's, but bfloat16 under a float32 target where "
                             "--dtype auto would take bfloat16, and float32 over bfloat16-held weights on AVX2 "
                             "CPUs; drafts only propose, so it moves speed, never the output)")
+    model.add_argument("--draft-weights", default="auto", choices=list(DRAFT_WEIGHT_FORMATS),
+                       help="how a float32 draft holds its weights on AVX2 CPUs, computing in float32 over them: "
+                            "bf16, int8 (one scale per row), dtype (float32 itself); auto: int8 under "
+                            "--draft-dtype auto, else the dtype")
     model.add_argument("--num-speculative-tokens", type=int, default=4,
                        help="most tokens the draft model drafts per request per step (1-16)")
     model.add_argument("--num-suffix-tokens", type=int, default=16,
@@ -148,7 +159,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         speculative=default_speculation(args.model, args.draft) if args.speculative == "auto" else args.speculative,
         draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
         num_suffix_tokens=args.num_suffix_tokens, adaptive_speculation=not args.no_adaptive_speculation,
-        draft_dtype=args.draft_dtype,
+        draft_dtype=args.draft_dtype, draft_weights=args.draft_weights,
     )
     return GatewayConfig(
         engine=engine, host=args.host, port=args.port,

@@ -117,3 +117,19 @@ def mkl_linear(
         return F.linear(x, weight, bias)
     out = torch.mm(weight, x.t()).t().contiguous()  # [out_features, num_rows] -> [num_rows, out_features]
     return out if bias is None else out.add_(bias)
+
+
+def linear_int8(
+    x: torch.Tensor,  # [num_rows, in_features] float32
+    weight: torch.Tensor,  # [out_features, in_features] int8, contiguous
+    scales: torch.Tensor,  # [out_features] float32: each weight row's scale
+    bias: torch.Tensor | None = None,  # [out_features] float32
+) -> torch.Tensor:  # [num_rows, out_features] float32
+    """float32 arithmetic over a weight held in int8 with one scale per row: y = (x q^T) * scales
+    (+ b). Few rows take the compiled kernel, which widens the integers as it reads them (a
+    quarter of float32's bytes); more rows, or no kernel, dequantize the weight for the call."""
+    if x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS and skinny_enabled():
+        compiled = cpu_kernels().try_skinny_linear(x, weight, bias, scales)
+        if compiled is not None:
+            return compiled
+    return mkl_linear(x, weight.float() * scales[:, None], bias)

@@ -55,7 +55,7 @@ def measure(rows_list: list[int], repeats: int) -> list[tuple[str, int, float, f
         weights = [torch.randn(n, k, generator=generator) for _ in range(copies)]
         packed = [prepack(w) for w in weights]
         # The same weights held in bf16, widened by the kernel as it reads them (a draft's, on
-        # AVX2 CPUs: engine/worker/model_runner.py's draft_weights_in_bf16).
+        # AVX2 CPUs: engine/worker/model_runner.py's draft_weight_format).
         halves = [w.bfloat16() for w in weights] if compiled is not None else []
         for rows in rows_list:
             x = torch.randn(rows, k, generator=generator)

@@ -37,7 +37,7 @@ import time
 import torch
 
 from engine.benchmarks.docs_section import write_section
-from engine.config import DTYPES, SPECULATIVE_METHODS
+from engine.config import DRAFT_WEIGHT_FORMATS, DTYPES, SPECULATIVE_METHODS
 from engine.llm import LLM
 from engine.model.resolve import EMBEDDED_MODEL_NAME
 from engine.protocol import AddRequest
@@ -132,11 +132,14 @@ def _groups(prompts: list[list[int]], streams: int) -> list[list[list[int]]]:
 
 def _load(method: str, args: argparse.Namespace) -> LLM:
     """method: a speculative method, or METHOD/CAP with its own cap (the draft model's for
-    draft, the suffix's for suffix and hybrid), and @DTYPE its own draft dtype (see --methods)."""
+    draft, the suffix's for suffix and hybrid), and @DTYPE its own draft dtype, or @bf16 / @int8 /
+    @dtype its own draft_weights (see --methods)."""
     options = {"num_speculative_tokens": args.num_speculative_tokens, "num_suffix_tokens": args.num_suffix_tokens,
                "draft_dtype": args.draft_dtype}
     method, _, draft_dtype = method.partition("@")
-    if draft_dtype:
+    if draft_dtype in DRAFT_WEIGHT_FORMATS:
+        options["draft_weights"] = draft_dtype
+    elif draft_dtype:
         options["draft_dtype"] = draft_dtype
     method, _, cap = method.partition("/")
     if cap:
@@ -219,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default="none,draft,suffix,hybrid",
                         help="comma-separated; METHOD/N gives a method its own cap, side by side with the "
                              "others (draft/N: the draft model's; suffix/N, hybrid/N: the suffix's), e.g. "
-                             "none,suffix/4,suffix; METHOD@DTYPE its own draft dtype, e.g. hybrid@float32,hybrid")
+                             "none,suffix/4,suffix; METHOD@DTYPE its own draft dtype, e.g. hybrid@float32,hybrid, "
+                             "and METHOD@bf16 / @int8 / @dtype its own draft_weights, e.g. hybrid@bf16,hybrid@int8")
     parser.add_argument("--draft-dtype", default="auto", choices=DTYPES,
                         help="the draft's dtype (auto: the target's, bfloat16 under a float32 target where "
                              "dtype auto takes bfloat16)")
@@ -278,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     reference_llm = engines["none"]
     dtype = str(reference_llm.engine.runner.dtype).removeprefix("torch.")
     draft_dtypes = sorted({str(llm.engine.runner.draft_dtype).removeprefix("torch.")
-                           + (" over bf16-held weights" if llm.engine.runner.draft_bf16_weights else "")
+                           + (f" over {llm.engine.runner.draft_held_weights}-held weights"
+                              if llm.engine.runner.draft_held_weights else "")
                            for llm in engines.values() if llm.engine.runner.draft is not None})
     prompts_by_workload = workloads(reference_llm)
     samples: dict[tuple[str, str, int], list[dict]] = {}

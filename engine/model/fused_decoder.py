@@ -19,18 +19,21 @@ from torch import nn
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.layers.mlp import GatedMLP
-from engine.model.layers.quant_linear import Bf16WeightLinear, PackedLinear
+from engine.model.layers.quant_linear import Bf16WeightLinear, Int8WeightLinear, PackedLinear
 from engine.model.layers.rms_norm import RMSNorm
 from kernels import small_rows_linear
 from kernels.cpu import CpuKernels, DecoderLayerTensors, cpu_kernels
 
 
-def _weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """The plain weight the few-row kernel reads and the bias, or None for another form."""
+def _weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    """The plain weight the few-row kernel reads, the bias and an int8 weight's scales, or None
+    for another form."""
     if isinstance(linear, PackedLinear) and linear.plain_weight is not None and not linear.float_output:
-        return linear.plain_weight, linear.bias
+        return linear.plain_weight, linear.bias, None
     if isinstance(linear, Bf16WeightLinear) and not linear.float_output:
-        return linear.weight_bf16, linear.bias
+        return linear.weight_bf16, linear.bias, None
+    if isinstance(linear, Int8WeightLinear) and not linear.float_output:
+        return linear.weight_int8, linear.bias, linear.scales
     return None
 
 
@@ -68,7 +71,8 @@ class FusedDecoder:
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             if any(w is None for w in weights) or any(n.dtype != torch.float32 or not n.is_cpu for n in norms):
                 return None
-            (qkv, qkv_bias), (o, o_bias), (gate_up, gate_up_bias), (down, down_bias) = weights  # type: ignore[misc]
+            (qkv, qkv_bias, qkv_scales), (o, o_bias, o_scales), (gate_up, gate_up_bias, gate_up_scales), \
+                (down, down_bias, down_scales) = weights  # type: ignore[misc]
             # The C side trusts these shapes (it reads [N, K] from the sizes it is given).
             hidden, q_size = norms[0].shape[0], attention.num_heads * attention.head_dim
             qkv_rows, intermediate = q_size + 2 * attention.num_kv_heads * attention.head_dim, down.shape[1]
@@ -80,7 +84,9 @@ class FusedDecoder:
                 return None
             entries.append(dict(input_norm=norms[0].contiguous(), post_norm=norms[1].contiguous(), qkv=qkv,
                                 qkv_bias=qkv_bias, o=o, o_bias=o_bias, gate_up=gate_up, gate_up_bias=gate_up_bias,
-                                down=down, down_bias=down_bias, sliding_window=attention.attn.sliding_window))
+                                down=down, down_bias=down_bias, sliding_window=attention.attn.sliding_window,
+                                qkv_scales=qkv_scales, o_scales=o_scales, gate_up_scales=gate_up_scales,
+                                down_scales=down_scales))
             shapes.add((attention.num_heads, attention.num_kv_heads, attention.head_dim, intermediate, hidden,
                         attention.attn.scale, layer.input_layernorm.eps, layer.post_attention_layernorm.eps))
         if len(shapes) != 1 or norm.weight.dtype != torch.float32:

@@ -32,7 +32,14 @@ from torch import nn
 
 from engine.config import QUANTIZATION_METHODS
 from engine.model.layers.linear import Linear
-from engine.model.layers.quant_linear import Bf16WeightLinear, Fp8Linear, Int4Linear, Int8Linear, PackedLinear
+from engine.model.layers.quant_linear import (
+    Bf16WeightLinear,
+    Fp8Linear,
+    Int4Linear,
+    Int8Linear,
+    Int8WeightLinear,
+    PackedLinear,
+)
 from engine.model.llama import LlamaForCausalLM
 from kernels.onednn_linear import onednn_available, onednn_bf16_available
 
@@ -45,6 +52,8 @@ INT4_GROUP_SIZE = 128
 INT4_GROUP_SIZE_GGUF = 32
 PREPACKED_FORMS = ("fp32-prepacked", "bf16-prepacked")  # oneDNN, unquantized (the model's own dtype)
 BF16_WEIGHTS = "fp32-bf16-weights"  # float32 arithmetic, weights held in bf16 (drafts on AVX2 CPUs)
+INT8_WEIGHTS = "fp32-int8-weights"  # float32 arithmetic, weights held in int8 with a scale per row (idem)
+HELD_WEIGHT_FORMS = {"bf16": BF16_WEIGHTS, "int8": INT8_WEIGHTS}  # a draft's held weights -> execution form
 
 
 def check_quantization(method: str | None) -> None:
@@ -64,6 +73,8 @@ def _build(method: str, weight: torch.Tensor, bias: torch.Tensor | None, output_
         return PackedLinear(weight, bias, output_sizes, float_output=lm_head, prepack_too=lm_head)
     if method == BF16_WEIGHTS:
         return Bf16WeightLinear(weight, bias, output_sizes, float_output=lm_head)
+    if method == INT8_WEIGHTS:
+        return Int8WeightLinear(weight, bias, output_sizes, float_output=lm_head)
     raise ValueError(f"unknown execution form {method!r}")
 
 
@@ -106,12 +117,12 @@ def _swap_lm_head(model: LlamaForCausalLM, method: str) -> None:
     model.lm_head = _HeadWithWeight(inner, weight) if keep else inner
 
 
-def prepare_draft_layers(model: LlamaForCausalLM, device: torch.device, *, bf16_weights: bool = False) -> bool:
+def prepare_draft_layers(model: LlamaForCausalLM, device: torch.device, *, held: str | None = None) -> bool:
     """The fastest unquantized execution form for a draft model's decoder linears only (its
-    output head is computed by the proposer, over a reduced vocabulary); bf16_weights: float32
-    arithmetic over weights held in bf16 (Bf16WeightLinear) instead. Returns whether any form
-    was applied."""
-    method = BF16_WEIGHTS if bf16_weights else prepacked_form(model.embed_tokens.weight.dtype, device)
+    output head is computed by the proposer, over a reduced vocabulary); held "bf16" or "int8":
+    float32 arithmetic over weights held so (Bf16WeightLinear, Int8WeightLinear) instead.
+    Returns whether any form was applied."""
+    method = HELD_WEIGHT_FORMS[held] if held is not None else prepacked_form(model.embed_tokens.weight.dtype, device)
     if method is None:
         return False
     with torch.no_grad():

@@ -56,6 +56,7 @@ from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels import small_rows_linear
 from kernels.onednn_linear import prepack
+from kernels.quant_ref import quantize_int8
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,24 @@ class DraftModel:
     # [embedding; target state] into its layer. None: a standalone draft model.
     fc_weight: torch.Tensor | None = None
     fc_packed: torch.Tensor | None = None  # fc_weight prepacked for oneDNN, like head_packed
-    # float32 arithmetic over weights held in bf16 (load_draft_model's bf16_weights, applied)
-    bf16_weights: bool = False
+    # float32 arithmetic over weights held in "bf16" or "int8" (load_draft_model's held, applied);
+    # None: the dtype's own weights
+    held: str | None = None
+    # int8-held: head_weight's and fc_weight's scales, [output_vocab] and [hidden] float32
+    head_scales: torch.Tensor | None = None
+    fc_scales: torch.Tensor | None = None
+
+    def fc(self, joined: torch.Tensor) -> torch.Tensor:  # [n, 2 * hidden] -> [n, hidden]
+        """An EAGLE head's projection of [embedding; target state] into its layer."""
+        assert self.fc_weight is not None
+        return _held_linear(joined, self.fc_weight, self.fc_scales, self.fc_packed)
+
+
+def _held_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None,
+                 packed: torch.Tensor | None) -> torch.Tensor:  # [n, K] -> [n, N]
+    if scales is not None:
+        return small_rows_linear.linear_int8(x, weight, scales)
+    return small_rows_linear.linear(x, weight, onednn_weight=packed)
 
 
 def resolve_draft_path(config: SpeculativeConfig, target: ResolvedModel) -> str:
@@ -94,13 +111,15 @@ def resolve_draft_path(config: SpeculativeConfig, target: ResolvedModel) -> str:
 
 
 def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfig, dtype: torch.dtype,
-                     device: torch.device, *, inference_only: bool = True, bf16_weights: bool = False) -> DraftModel:
+                     device: torch.device, *, inference_only: bool = True, held: str | None = None) -> DraftModel:
     """inference_only: its linears in their fastest execution form (prepacked for oneDNN on a
     CPU), which exposes no `.weight`; False keeps plain weights for code that reads them
-    (drafts/: continuing an exported head). bf16_weights (with inference_only, a float32 dtype and
-    a reduced vocabulary or an EAGLE head): the decoder linears, the fc and the reduced output head
-    hold their weights in bf16 and compute in float32 (engine/worker/model_runner.py's
-    draft_weights_in_bf16)."""
+    (drafts/: continuing an exported head). held "bf16" or "int8" (with inference_only, a float32
+    dtype and a reduced vocabulary or an EAGLE head): the decoder linears, the fc and the reduced
+    output head hold their weights so (int8: one float32 scale per row) and compute in float32
+    (engine/worker/model_runner.py's draft_weight_format)."""
+    if held not in (None, "bf16", "int8"):
+        raise ValueError(f"held weights must be None, 'bf16' or 'int8', got {held!r}")
     resolved = resolve_model(path)
     if resolved.format == "gguf":
         model, arch = load_model(resolved, dtype=dtype, device=device, progress=False, inference_only=inference_only)
@@ -150,21 +169,29 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
     if inference_only and kind == "eagle":
         # Most of an EAGLE head's positions only write KV (eagle.py): a k/v projection of its own.
         model.layers[0].self_attn.add_kv_projection()
-    head_packed = fc_packed = None
-    held_in_bf16 = False
+    head_packed = fc_packed = head_scales = fc_scales = None
+    applied = None
     if inference_only and head_weight is None and kind == "layers":
         prepare_for_inference(model, None, device)  # its decoder and its full-vocabulary head
-    elif inference_only and bf16_weights and dtype == torch.float32:
-        held_in_bf16 = prepare_draft_layers(model, device, bf16_weights=True)
+    elif inference_only and held is not None and dtype == torch.float32:
+        if prepare_draft_layers(model, device, held=held):
+            applied = held
         # (The reduced head's rows are a copy: the target's own head keeps its float32 weight.)
-        head_weight = head_weight.bfloat16() if head_weight is not None else None
-        fc_weight = fc_weight.bfloat16() if fc_weight is not None else None
+        if held == "bf16":
+            head_weight = head_weight.bfloat16() if head_weight is not None else None
+            fc_weight = fc_weight.bfloat16() if fc_weight is not None else None
+        else:
+            if head_weight is not None:
+                head_weight, head_scales = quantize_int8(head_weight)
+            if fc_weight is not None:
+                fc_weight, fc_scales = quantize_int8(fc_weight)
     elif inference_only and prepare_draft_layers(model, device):
         if head_weight is not None:
             head_packed = prepack(head_weight)
         if fc_weight is not None:
             fc_packed = prepack(fc_weight)
-    return DraftModel(model, arch, head_weight, vocab_ids, head_packed, fc_weight, fc_packed, held_in_bf16)
+    return DraftModel(model, arch, head_weight, vocab_ids, head_packed, fc_weight, fc_packed, applied,
+                      head_scales, fc_scales)
 
 
 def _check_vocab(arch: ArchConfig, target_arch: ArchConfig, path: str) -> None:
@@ -327,7 +354,7 @@ def top_draft_tokens_with_prob(draft: DraftModel, hidden: torch.Tensor,
 def _draft_logits(draft: DraftModel, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, draft vocab]
     if draft.head_weight is None:
         return draft.model.compute_logits(hidden)
-    return small_rows_linear.linear(hidden, draft.head_weight, onednn_weight=draft.head_packed)
+    return _held_linear(hidden, draft.head_weight, draft.head_scales, draft.head_packed)
 
 
 def _top(draft: DraftModel, logits: torch.Tensor, k: int) -> torch.Tensor:  # [n, draft vocab] -> [n, k] target ids

@@ -55,7 +55,6 @@ from engine.spec_decode.calibration import ConfidenceCalibration, DraftChances
 from engine.spec_decode.draft_model import DraftModel, top_draft_tokens_with_prob
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
-from kernels import small_rows_linear
 
 
 FLUSH_TOKENS = 32  # buffered positions that make a request's head pass run without a draft
@@ -138,7 +137,7 @@ class EagleProposer:
         model = self.draft.model
         embedded = model.embed_tokens(input_ids)  # [n, hidden]
         joined = torch.cat([embedded, states.to(embedded.dtype)], dim=-1)  # [n, 2 * hidden]
-        hidden = small_rows_linear.linear(joined, self.draft.fc_weight, onednn_weight=self.draft.fc_packed)
+        hidden = self.draft.fc(joined)
         if kv_only:
             cos, sin = model.rotary.cos_sin(positions, hidden.dtype)
             model.layers[0].store_kv(hidden, cos, sin, self.kv_caches[0], meta)

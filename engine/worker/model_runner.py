@@ -85,16 +85,28 @@ def resolve_draft_dtype(config: SpeculativeConfig, target_dtype: torch.dtype, de
     return auto_dtype(device) if target_dtype == torch.float32 else target_dtype
 
 
-def draft_weights_in_bf16(config: SpeculativeConfig, draft_dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether a float32 draft ("auto" under a float32 target, on a CPU without native bf16)
-    holds its weights in bf16 and computes in float32: where the compiled few-row kernel runs
-    (AVX2 CPUs), which widens bf16 weights as it reads them, a draft position reads half the
-    bytes. The shipped drafts' layers are stored in bf16 (drafts/), so their products are
-    unchanged; the reduced output head, rows of the target's float32 head, is rounded to bf16,
-    which can move acceptance a little, never the output. draft_dtype="float32" keeps it all in
-    float32."""
-    return (config.draft_dtype == "auto" and draft_dtype == torch.float32 and device.type == "cpu"
-            and skinny_enabled())
+def draft_weight_format(config: SpeculativeConfig, draft_dtype: torch.dtype, device: torch.device) -> str | None:
+    """How a float32 draft holds its weights: "bf16" or "int8" (computing in float32 over them),
+    or None (its dtype's own). Only where the compiled few-row kernel runs (AVX2 CPUs), which
+    widens bf16 and int8 weights as it reads them: a draft position is bound by reading the
+    draft's weights, so bf16 reads half the bytes and int8 a quarter.
+    - bf16: the shipped drafts' layers are stored in bf16 (drafts/), so their products are
+      unchanged; the reduced output head, rows of the target's float32 head, is rounded to bf16.
+    - int8 (one float32 scale per row, "auto" under draft_dtype "auto"): rounds every weight to
+      127 steps of its row's largest magnitude.
+    Either can move acceptance a little, never the output. draft_weights="dtype", or an explicit
+    draft_dtype with draft_weights "auto", keeps it all in the dtype."""
+    choice = config.draft_weights
+    if choice == "auto":
+        choice = "int8" if config.draft_dtype == "auto" else "dtype"
+    if choice == "dtype":
+        return None
+    if not (draft_dtype == torch.float32 and device.type == "cpu" and skinny_enabled()):
+        if config.draft_weights != "auto":
+            raise ValueError(f"draft_weights {choice!r} needs a float32 draft on a CPU whose few-row products take "
+                             f"the compiled kernel (AVX2); this draft is {draft_dtype} on {device.type}")
+        return None
+    return choice
 
 
 class ModelRunner:
@@ -148,7 +160,7 @@ class ModelRunner:
             self.draft_dtype = resolve_draft_dtype(self.speculative_config, self.dtype, self.device)
             self.draft = load_draft_model(
                 draft_path, self.model, self.arch, self.draft_dtype, self.device,
-                bf16_weights=draft_weights_in_bf16(self.speculative_config, self.draft_dtype, self.device))
+                held=draft_weight_format(self.speculative_config, self.draft_dtype, self.device))
             # An EAGLE head (it has fc) drafts from the target's states; any other draft is a model.
             self._draft_proposer_class = EagleProposer if self.draft.fc_weight is not None else DraftModelProposer
             self._draft_kv_bytes_per_block = self._draft_proposer_class.kv_bytes_per_block(
@@ -174,10 +186,11 @@ class ModelRunner:
 
     # ---- KV cache ----------------------------------------------------------------------------
     @property
-    def draft_bf16_weights(self) -> bool:
-        """Whether the draft computes in float32 over weights held in bf16 (draft_weights_in_bf16,
-        as load_draft_model applied it: not for GGUF drafts, loaded as they are)."""
-        return self.draft is not None and self.draft.bf16_weights
+    def draft_held_weights(self) -> str | None:
+        """"bf16" or "int8" where the draft computes in float32 over weights held so
+        (draft_weight_format, as load_draft_model applied it: not for GGUF drafts, loaded as they
+        are), else None."""
+        return None if self.draft is None else self.draft.held
 
     def determine_num_blocks(self) -> int:
         if self.cache_config.num_blocks_override is not None:

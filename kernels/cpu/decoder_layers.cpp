@@ -28,7 +28,7 @@
 
 namespace {
 
-enum DType : int64_t { kFloat32 = 0, kBFloat16 = 1 };
+enum DType : int64_t { kFloat32 = 0, kBFloat16 = 1, kInt8 = 2 };  // kInt8: linear weights only
 
 }  // namespace
 
@@ -38,6 +38,9 @@ int draftgate_skinny_linear(const float* x, int64_t x_stride, const float* w, co
                             int64_t N, int64_t K, int32_t num_threads, char* error, int64_t error_len);
 int draftgate_skinny_linear_bf16(const float* x, int64_t x_stride, const void* w, const float* bias, float* y,
                                  int64_t M, int64_t N, int64_t K, int32_t num_threads, char* error, int64_t error_len);
+int draftgate_skinny_linear_int8(const float* x, int64_t x_stride, const int8_t* w, const float* scales,
+                                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int32_t num_threads,
+                                 char* error, int64_t error_len);
 int draftgate_rms_norm(const void* x, int64_t x_stride, const void* residual, int64_t residual_stride,
                        const void* weight, void* out, void* residual_out, int32_t dtype, int64_t rows, int64_t hidden,
                        double eps, int32_t num_threads, char* error, int64_t error_len);
@@ -59,8 +62,9 @@ int draftgate_paged_attention(const void* query, int32_t query_dtype, int64_t qu
 
 // One layer's tensors (kernels/cpu/library.py's DecoderLayerWeights mirrors it: every field 8
 // bytes, so the two layouts cannot disagree on padding). Linear weights are [N, K] contiguous,
-// float32 or bf16 (widened as read, exactly); biases float32 or null; norms float32 [hidden];
-// the caches float32 [num_blocks, num_kv_heads, block_size, head_dim].
+// float32, bf16 (widened as read, exactly) or int8 with float32 scales [N] (null for the others);
+// biases float32 or null; norms float32 [hidden]; the caches float32 [num_blocks, num_kv_heads,
+// block_size, head_dim].
 struct DecoderLayerWeights {
   const float* input_norm;
   const float* post_norm;
@@ -79,13 +83,20 @@ struct DecoderLayerWeights {
   void* k_cache;
   void* v_cache;
   int64_t sliding_window;  // 0: none
+  const float* qkv_scales;
+  const float* o_scales;
+  const float* gate_up_scales;
+  const float* down_scales;
 };
 
 namespace {
 
-int linear(const float* x, const void* w, int64_t dtype, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
-           int32_t threads, char* error, int64_t error_len) {
+int linear(const float* x, const void* w, int64_t dtype, const float* scales, const float* bias, float* y, int64_t M,
+           int64_t N, int64_t K, int32_t threads, char* error, int64_t error_len) {
   // One row passes K as its stride, as the Python wrapper does (the kernel ignores it then).
+  if (dtype == kInt8)
+    return draftgate_skinny_linear_int8(x, K, static_cast<const int8_t*>(w), scales, bias, y, M, N, K, threads, error,
+                                        error_len);
   if (dtype == kBFloat16)
     return draftgate_skinny_linear_bf16(x, K, w, bias, y, M, N, K, threads, error, error_len);
   return draftgate_skinny_linear(x, K, static_cast<const float*>(w), bias, y, M, N, K, threads, error, error_len);
@@ -186,7 +197,7 @@ extern "C" int draftgate_decoder_layers(
       std::swap(residual, residual_next);
     }
     if (status == 0)
-      status = linear(normed, w.qkv, w.qkv_dtype, w.qkv_bias, qkv, num_tokens, qkv_width, hidden,
+      status = linear(normed, w.qkv, w.qkv_dtype, w.qkv_scales, w.qkv_bias, qkv, num_tokens, qkv_width, hidden,
                       num_threads, error, error_len);
     if (status == 0) {
       rotate(qkv, qkv_width, cos_sin, num_tokens, qk_heads, head_dim, qk);
@@ -202,7 +213,7 @@ extern "C" int draftgate_decoder_layers(
                                          num_heads, num_kv_heads, head_dim, num_blocks, block_size, scale,
                                          w.sliding_window, num_threads, error, error_len);
     if (status == 0)
-      status = linear(attended, w.o, w.o_dtype, w.o_bias, x, num_tokens, hidden, q_size, num_threads,
+      status = linear(attended, w.o, w.o_dtype, w.o_scales, w.o_bias, x, num_tokens, hidden, q_size, num_threads,
                       error, error_len);
     if (status == 0) {
       status = draftgate_rms_norm(x, hidden, residual, hidden, w.post_norm, normed,
@@ -211,13 +222,13 @@ extern "C" int draftgate_decoder_layers(
       std::swap(residual, residual_next);
     }
     if (status == 0)
-      status = linear(normed, w.gate_up, w.gate_up_dtype, w.gate_up_bias, gate_up, num_tokens,
+      status = linear(normed, w.gate_up, w.gate_up_dtype, w.gate_up_scales, w.gate_up_bias, gate_up, num_tokens,
                       2 * intermediate, hidden, num_threads, error, error_len);
     if (status == 0)
       status = draftgate_silu_mul(gate_up, 2 * intermediate, act, kFloat32, num_tokens, intermediate,
                                   num_threads, error, error_len);
     if (status == 0)
-      status = linear(act, w.down, w.down_dtype, w.down_bias, x, num_tokens, hidden, intermediate,
+      status = linear(act, w.down, w.down_dtype, w.down_scales, w.down_bias, x, num_tokens, hidden, intermediate,
                       num_threads, error, error_len);
     if (status != 0) {
       // Keep the kernel's message, say which layer.

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_WEIGHT_CODES = {**_DTYPE_CODES, torch.int8: 2}  # decoder_layers' linear weights (decoder_layers.cpp's DType)
 _ERROR_LEN = 512
 
 _i32, _i64, _ptr, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
@@ -50,6 +51,11 @@ _SKINNY_LINEAR_ARGS = [
     _i64, _i64, _i64, _i32,  # rows, out features, in features, num_threads
     ctypes.c_char_p, _i64,  # error buffer, its length
 ]
+_SKINNY_LINEAR_INT8_ARGS = [
+    _ptr, _i64, _ptr, _ptr, _ptr, _ptr,  # x, its row stride, weight, scales, bias (or null), out
+    _i64, _i64, _i64, _i32,  # rows, out features, in features, num_threads
+    ctypes.c_char_p, _i64,  # error buffer, its length
+]
 _DECODER_LAYERS_ARGS = [
     _ptr, _i64, _ptr, _ptr,  # layers (DecoderLayerWeights[]), their number, final norm, hidden in
     _ptr, _ptr, _ptr, _i64, _i64,  # cos_sin, slot_mapping, block_table, its row stride, max blocks per request
@@ -71,13 +77,15 @@ class DecoderLayerWeights(ctypes.Structure):
         ("gate_up", _ptr), ("gate_up_bias", _ptr), ("gate_up_dtype", _i64),
         ("down", _ptr), ("down_bias", _ptr), ("down_dtype", _i64),
         ("k_cache", _ptr), ("v_cache", _ptr), ("sliding_window", _i64),
+        ("qkv_scales", _ptr), ("o_scales", _ptr), ("gate_up_scales", _ptr), ("down_scales", _ptr),
     ]
 
 
 @dataclass(frozen=True)
 class DecoderLayerTensors:
-    """What decoder_layers reads of one layer. Linear weights [N, K] contiguous, float32 or bf16
-    (widened exactly as read); biases float32 or None; norms float32 [hidden]; the caches float32
+    """What decoder_layers reads of one layer. Linear weights [N, K] contiguous, float32, bf16
+    (widened exactly as read) or int8 with their float32 scales [N] (the *_scales fields, None
+    for the other dtypes); biases float32 or None; norms float32 [hidden]; the caches float32
     [num_blocks, num_kv_heads, block_size, head_dim], contiguous."""
 
     input_norm: torch.Tensor
@@ -93,6 +101,10 @@ class DecoderLayerTensors:
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     sliding_window: int | None
+    qkv_scales: torch.Tensor | None = None
+    o_scales: torch.Tensor | None = None
+    gate_up_scales: torch.Tensor | None = None
+    down_scales: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,7 @@ class CpuKernels:
         self._skinny_linear = {
             torch.float32: self._bind("draftgate_skinny_linear", _SKINNY_LINEAR_ARGS),
             torch.bfloat16: self._bind("draftgate_skinny_linear_bf16", _SKINNY_LINEAR_ARGS),
+            torch.int8: self._bind("draftgate_skinny_linear_int8", _SKINNY_LINEAR_INT8_ARGS),
         }
         self._decoder_layers = self._bind("draftgate_decoder_layers", _DECODER_LAYERS_ARGS)
 
@@ -164,18 +177,24 @@ class CpuKernels:
                 return False
         return True
 
-    def supports_skinny_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-        """float32 CPU tensors, x 2-D with unit column stride, the weight contiguous (float32, or bf16
-        widened as it is read)."""
-        return self._skinny_kernel_for(x, weight, bias) is not None
+    def supports_skinny_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                               scales: torch.Tensor | None = None) -> bool:
+        """float32 CPU tensors, x 2-D with unit column stride, the weight contiguous (float32, bf16
+        widened as it is read, or int8 with its float32 scales per row)."""
+        return self._skinny_kernel_for(x, weight, bias, scales) is not None
 
-    def _skinny_kernel_for(self, x: torch.Tensor, weight: torch.Tensor,
-                           bias: torch.Tensor | None) -> ctypes._CFuncPtr | None:
+    def _skinny_kernel_for(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           scales: torch.Tensor | None = None) -> ctypes._CFuncPtr | None:
         """The few-row kernel for the weight's dtype where it takes these tensors, else None."""
         kernel = self._skinny_linear.get(weight.dtype)
         if (kernel is None or x.dtype is not torch.float32 or x.dim() != 2 or x.stride(1) != 1 or not x.is_cpu
                 or not weight.is_cpu or not weight.is_contiguous()
                 or (bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu))):
+            return None
+        if (weight.dtype is torch.int8) != (scales is not None):
+            return None  # int8 weights come with their scales, and only they do
+        if scales is not None and (scales.dtype is not torch.float32 or not scales.is_cpu
+                                   or not scales.is_contiguous() or scales.shape != (weight.shape[0],)):
             return None
         return kernel
 
@@ -305,25 +324,41 @@ class CpuKernels:
         each output's summation order is independent of the row count. A bf16 weight is widened to
         float32 as it is read (exactly): the result equals the float32 weight's bit for bit."""
         kernel = self._skinny_linear.get(weight.dtype)
-        if kernel is None:
-            raise ValueError(f"skinny_linear: a {weight.dtype} weight (float32 or bfloat16 only)")
+        if kernel is None or weight.dtype is torch.int8:
+            raise ValueError(f"skinny_linear: a {weight.dtype} weight (float32 or bfloat16; int8 takes "
+                             "skinny_linear_int8)")
         return self._run_skinny_linear(kernel, x, weight, bias)
+
+    def skinny_linear_int8(
+        self,
+        x: torch.Tensor,  # [rows, in_features] float32
+        weight: torch.Tensor,  # [out_features, in_features] int8, contiguous
+        scales: torch.Tensor,  # [out_features] float32
+        bias: torch.Tensor | None = None,  # [out_features] float32
+    ) -> torch.Tensor:  # [rows, out_features] float32
+        """y = (x q^T) * scales (+ b): the int8 rows widened to float32 as they are read (exactly),
+        each output's dot product scaled once; a quarter of a float32 weight's bytes."""
+        if weight.dtype is not torch.int8 or scales.dtype is not torch.float32 or scales.shape != (weight.shape[0],):
+            raise ValueError(f"skinny_linear_int8: weight {weight.dtype} {tuple(weight.shape)} with scales "
+                             f"{scales.dtype} {tuple(scales.shape)} (int8 [N, K] and float32 [N])")
+        return self._run_skinny_linear(self._skinny_linear[torch.int8], x, weight, bias, scales.contiguous())
 
     def try_skinny_linear(
         self,
         x: torch.Tensor,  # [rows, in_features]
         weight: torch.Tensor,  # [out_features, in_features]
         bias: torch.Tensor | None = None,  # [out_features]
+        scales: torch.Tensor | None = None,  # [out_features] float32: an int8 weight's, which needs them
     ) -> torch.Tensor | None:  # [rows, out_features] float32, or None where supports_skinny_linear says no
         """skinny_linear where it takes these tensors, else None, checked once: the path of every
         few-row product of a decode step (~120 a step on the embedded model), where a separate
         supports_skinny_linear and skinny_linear's own checks cost ~2% of a one-stream float32
         step (AVX2 EPYC: 36.7 against 37.5 ms a token)."""
-        kernel = self._skinny_kernel_for(x, weight, bias)
-        return None if kernel is None else self._run_skinny_linear(kernel, x, weight, bias)
+        kernel = self._skinny_kernel_for(x, weight, bias, scales)
+        return None if kernel is None else self._run_skinny_linear(kernel, x, weight, bias, scales)
 
     def _run_skinny_linear(self, kernel: ctypes._CFuncPtr, x: torch.Tensor, weight: torch.Tensor,
-                           bias: torch.Tensor | None) -> torch.Tensor:
+                           bias: torch.Tensor | None, scales: torch.Tensor | None = None) -> torch.Tensor:
         rows, in_features = x.shape
         out_features = weight.shape[0]
         if weight.dim() != 2 or weight.shape[1] != in_features or (bias is not None and bias.shape != (out_features,)):
@@ -333,7 +368,8 @@ class CpuKernels:
             bias = bias.contiguous()
         out = torch.empty((rows, out_features), dtype=torch.float32)
         error = self._error_buffer()
-        status = kernel(x.data_ptr(), x.stride(0) if rows > 1 else in_features, weight.data_ptr(),
+        pointers = (weight.data_ptr(),) if scales is None else (weight.data_ptr(), scales.data_ptr())
+        status = kernel(x.data_ptr(), x.stride(0) if rows > 1 else in_features, *pointers,
                         bias.data_ptr() if bias is not None else None, out.data_ptr(), rows,
                         out_features, in_features, torch.get_num_threads(), error, _ERROR_LEN)
         if status != 0:
@@ -352,7 +388,7 @@ class CpuKernels:
                                  f"got {t.dtype} {tuple(t.shape)}")
             return t.data_ptr()
 
-        f32, weights = (torch.float32,), (torch.float32, torch.bfloat16)
+        f32, weights = (torch.float32,), (torch.float32, torch.bfloat16, torch.int8)
         array = (DecoderLayerWeights * len(layers))()
         for entry, layer in zip(array, layers):
             entry.input_norm = address(layer.input_norm, "input_norm", f32)
@@ -361,7 +397,15 @@ class CpuKernels:
                 weight = getattr(layer, name)
                 setattr(entry, name, address(weight, name, weights))
                 setattr(entry, f"{name}_bias", address(getattr(layer, f"{name}_bias"), f"{name}_bias", f32))
-                setattr(entry, f"{name}_dtype", _DTYPE_CODES[weight.dtype])
+                setattr(entry, f"{name}_dtype", _WEIGHT_CODES[weight.dtype])
+                scales = getattr(layer, f"{name}_scales")
+                if (weight.dtype is torch.int8) != (scales is not None):
+                    raise ValueError(f"decoder_layers: {name} is {weight.dtype}; int8 weights, and only they, "
+                                     "come with scales")
+                if scales is not None and scales.shape != (weight.shape[0],):
+                    raise ValueError(f"decoder_layers: {name}_scales {tuple(scales.shape)} for a weight "
+                                     f"{tuple(weight.shape)}")
+                setattr(entry, f"{name}_scales", address(scales, f"{name}_scales", f32))
             entry.k_cache = address(layer.k_cache, "k_cache", f32)
             entry.v_cache = address(layer.v_cache, "v_cache", f32)
             entry.sliding_window = layer.sliding_window or 0

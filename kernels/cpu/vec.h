@@ -68,6 +68,7 @@ inline bf16_t float_to_bf16(float f) {
 
 inline float to_float(float x) { return x; }
 inline float to_float(bf16_t x) { return bf16_to_float(x); }
+inline float to_float(int8_t x) { return static_cast<float>(x); }  // int8 weights (skinny_linear.cpp)
 inline void from_float(float x, float* dst) { *dst = x; }
 inline void from_float(float x, bf16_t* dst) { *dst = float_to_bf16(x); }
 

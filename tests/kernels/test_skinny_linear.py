@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers.quant_linear import Bf16WeightLinear, PackedLinear
+from engine.model.layers.quant_linear import Bf16WeightLinear, Int8WeightLinear, PackedLinear
 from kernels import small_rows_linear
 from kernels.cpu import CpuKernels
 from kernels.onednn_linear import onednn_available
@@ -83,6 +83,37 @@ def test_a_bf16_weight_is_the_widened_float32_weight_bit_for_bit(compiled: CpuKe
     assert_within_rounding(compiled.skinny_linear(x, weight), x, weight.float(), None)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 40])
+def test_an_int8_weight_is_its_integers_widened_then_scaled_per_row(compiled: CpuKernels, rows: int) -> None:
+    """int8 weights: each output is the float32 dot product over the integers widened exactly,
+    times its row's scale once, then the bias. So it equals the float32 kernel over the integers
+    (as floats) scaled afterwards, bit for bit, and the dequantized product within rounding."""
+    generator = torch.Generator().manual_seed(100 + rows)
+    x = torch.randn(rows, 579, generator=generator)  # a K % 8 tail too
+    q = torch.randint(-127, 128, (67, 579), generator=generator, dtype=torch.int8)
+    scales = torch.rand(67, generator=generator) * 0.02 + 1e-3
+    bias = torch.randn(67, generator=generator)
+    y = compiled.skinny_linear_int8(x, q, scales, bias)
+    assert torch.equal(y, compiled.skinny_linear(x, q.float()) * scales + bias)
+    assert_within_rounding(compiled.skinny_linear_int8(x, q, scales), x, q.float() * scales[:, None], None)
+    assert torch.equal(compiled.try_skinny_linear(x, q, bias, scales), y)
+    # A row alone and in a batch: the same bits.
+    alone = torch.cat([compiled.skinny_linear_int8(x[r : r + 1], q, scales, bias) for r in range(rows)])
+    assert torch.equal(alone, y)
+
+
+def test_int8_weights_need_their_scales(compiled: CpuKernels) -> None:
+    x, q = torch.randn(2, 8), torch.ones(4, 8, dtype=torch.int8)
+    assert compiled.try_skinny_linear(x, q) is None  # no scales
+    assert compiled.try_skinny_linear(x, q.float(), scales=torch.ones(4)) is None  # scales for a float weight
+    assert compiled.try_skinny_linear(x, q, scales=torch.ones(5)) is None  # one per row
+    assert compiled.try_skinny_linear(x, q, scales=torch.ones(4).double()) is None
+    with pytest.raises(ValueError, match="int8 takes skinny_linear_int8"):
+        compiled.skinny_linear(x, q)
+    with pytest.raises(ValueError, match="float32 \\[N\\]"):
+        compiled.skinny_linear_int8(x, q, torch.ones(3))
+
+
 def test_bad_shapes_raise(compiled: CpuKernels) -> None:
     with pytest.raises(ValueError, match="do not match"):
         compiled.skinny_linear(torch.randn(2, 8), torch.randn(4, 9))
@@ -121,6 +152,9 @@ def test_the_portable_build_is_bit_identical(compiled: CpuKernels, tmp_path: Pat
         assert torch.equal(portable.skinny_linear(x, weight, bias), compiled.skinny_linear(x, weight, bias))
         half = weight.bfloat16()
         assert torch.equal(portable.skinny_linear(x, half, bias), compiled.skinny_linear(x, half, bias))
+        q = torch.randint(-127, 128, weight.shape, generator=generator, dtype=torch.int8)
+        scales = torch.rand(257, generator=generator)
+        assert torch.equal(portable.skinny_linear_int8(x, q, scales, bias), compiled.skinny_linear_int8(x, q, scales, bias))
 
 
 def test_dispatch_takes_few_float32_rows_only(compiled: CpuKernels) -> None:
@@ -170,3 +204,20 @@ def test_bf16_weight_linear_holds_half_the_bytes_and_computes_every_row_count() 
         y = layer(x)
         assert y.dtype == torch.float32 and y.shape == (rows, 200)
         torch.testing.assert_close(y, F.linear(x, widened, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_int8_weight_linear_holds_a_quarter_of_the_bytes_and_computes_every_row_count() -> None:
+    """Int8WeightLinear: float32 arithmetic over the weight rounded to int8 with a scale per row,
+    through the kernel for few rows and a dequantized weight for more."""
+    generator = torch.Generator().manual_seed(17)
+    weight = torch.randn(200, 96, generator=generator)
+    bias = torch.randn(200, generator=generator)
+    layer = Int8WeightLinear(weight, bias, [120, 80])
+    assert layer.weight_int8.dtype == torch.int8 and layer.stored_bytes() == 200 * 96 + 200 * 4 + 200 * 4
+    dequantized = layer.weight_int8.float() * layer.scales[:, None]
+    assert ((dequantized - weight).abs() <= layer.scales[:, None] / 2 + 1e-7).all()  # rounded to the nearest step
+    for rows in (1, 4, 16, 40, 41, 64):
+        x = torch.randn(rows, 96, generator=generator)
+        y = layer(x)
+        assert y.dtype == torch.float32 and y.shape == (rows, 200)
+        torch.testing.assert_close(y, F.linear(x, dequantized, bias), rtol=1e-5, atol=1e-5)

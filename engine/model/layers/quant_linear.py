@@ -93,7 +93,7 @@ class PackedLinear(_ExecutionLinear):
 class Bf16WeightLinear(_ExecutionLinear):
     """float32 arithmetic over a weight held in bf16: half the bytes a forward reads, for a draft
     whose few-row passes are bound by reading its weights (engine/worker/model_runner.py's
-    draft_weights_in_bf16). Few rows take the compiled kernel, which widens the weight exactly as
+    draft_weight_format). Few rows take the compiled kernel, which widens the weight exactly as
     it reads it (kernels/small_rows_linear.py); more rows (prefill chunks) widen it for the call."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
@@ -108,6 +108,30 @@ class Bf16WeightLinear(_ExecutionLinear):
 
     def _stored(self) -> list[torch.Tensor]:
         return [self.weight_bf16]
+
+
+class Int8WeightLinear(_ExecutionLinear):
+    """float32 arithmetic over a weight held in int8, one float32 scale per output row: a quarter
+    of float32's bytes, half of Bf16WeightLinear's, for a draft whose few-row passes are bound by
+    reading its weights (engine/worker/model_runner.py's draft_weight_format). Few rows take the
+    compiled kernel (kernels/small_rows_linear.py's linear_int8); more rows dequantize for the
+    call. Unlike Bf16WeightLinear it rounds the weights (to 127 steps of each row's largest
+    magnitude): a draft's proposals may move a little, never the target's output."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
+                 *, float_output: bool = False) -> None:  # weight: [N, K] float32 or bf16
+        super().__init__(weight.shape[1], output_sizes or [weight.shape[0]], bias, float_output)
+        if self.bias is not None:
+            self.bias = self.bias.float()
+        q, scales = quantize_int8(weight.detach())
+        self.weight_int8 = q.contiguous()  # [N, K] int8
+        self.scales = scales.float().contiguous()  # [N] float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, K] float32 -> [num_tokens, N] float32
+        return self._finish(small_rows_linear.linear_int8(x, self.weight_int8, self.scales, self.bias))
+
+    def _stored(self) -> list[torch.Tensor]:
+        return [self.weight_int8, self.scales]
 
 
 class Int8Linear(_ExecutionLinear):

@@ -28,10 +28,10 @@ def few_row_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(small_rows_linear, "skinny_enabled", lambda: True)
 
 
-def _prepared(family: str, *, bf16_weights: bool = False) -> LlamaForCausalLM:
+def _prepared(family: str, *, held: str | None = None) -> LlamaForCausalLM:
     model = tiny_model(family)
-    if bf16_weights:
-        assert prepare_draft_layers(model, torch.device("cpu"), bf16_weights=True)
+    if held is not None:
+        assert prepare_draft_layers(model, torch.device("cpu"), held=held)
     else:
         assert prepare_for_inference(model, None, torch.device("cpu")) == "fp32-prepacked"
     return model
@@ -74,8 +74,9 @@ def test_the_stack_in_one_call_equals_the_layer_loop_bit_for_bit(family: str) ->
         assert torch.equal(ours, theirs)
 
 
-def test_bf16_held_draft_weights_take_the_stack_too() -> None:
-    model = _prepared("llama_tied", bf16_weights=True)
+@pytest.mark.parametrize("held", ["bf16", "int8"])
+def test_held_draft_weights_take_the_stack_too(held: str) -> None:
+    model = _prepared("llama_tied", held=held)
     assert isinstance(model._fused_decoder(), FusedDecoder)
     fused_logits, fused_caches = _run(model, fused=True)
     loop_logits, loop_caches = _run(model, fused=False)

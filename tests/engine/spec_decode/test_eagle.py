@@ -14,7 +14,7 @@ from drafts.eagle import TrainableEagle, init_eagle
 from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.calibration import ConfidenceCalibration
-from engine.model.layers.quant_linear import Bf16WeightLinear
+from engine.model.layers.quant_linear import Bf16WeightLinear, Int8WeightLinear
 from engine.spec_decode.draft_model import _draft_logits, load_draft_model
 from engine.spec_decode.eagle import FLUSH_TOKENS, RIDE_TOKENS, SPLIT_ROWS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
@@ -282,15 +282,15 @@ def test_folder_kind_is_checked(setup, tmp_path) -> None:
 
 
 def test_bf16_weights_change_only_the_rounding_of_the_output_head(setup, tmp_path) -> None:
-    """bf16_weights (float32 drafts on AVX2 CPUs, model_runner.draft_weights_in_bf16): a head
+    """bf16-held weights (float32 drafts on AVX2 CPUs, model_runner.draft_weight_format): a head
     exported in bf16 computes its layers as before (the products are the widened weights'), and
     its reduced output head, rows of the target's float32 head, is the float32 one rounded."""
     head, _, ids, states = setup
     target = load_target(None, device=torch.device("cpu"), dtype=torch.float32, progress=False)
     export_draft(head, str(tmp_path), target_name=target.name, shared_embedding=True, dtype=torch.bfloat16)
     args = (str(tmp_path), target.engine_model, target.arch, torch.float32, torch.device("cpu"))
-    full, half = load_draft_model(*args), load_draft_model(*args, bf16_weights=True)
-    assert half.bf16_weights and not full.bf16_weights
+    full, half = load_draft_model(*args), load_draft_model(*args, held="bf16")
+    assert half.held == "bf16" and full.held is None
     linears = [m for m in half.model.layers.modules() if isinstance(m, Bf16WeightLinear)]
     assert len(linears) >= 5 and all(m.weight_bf16.dtype == torch.bfloat16 for m in linears)
     assert torch.equal(half.head_weight, full.head_weight.bfloat16())
@@ -306,3 +306,57 @@ def test_bf16_weights_change_only_the_rounding_of_the_output_head(setup, tmp_pat
     torch.testing.assert_close(_draft_logits(half, hidden), hidden @ full.head_weight.bfloat16().float().t(),
                                atol=1e-5, rtol=1e-5)
     assert not torch.allclose(_draft_logits(half, hidden), _draft_logits(full, hidden), atol=1e-6, rtol=0)
+
+
+def test_int8_weights_are_the_rounded_weights_scaled_per_row(setup, tmp_path) -> None:
+    """int8-held weights (draft_weights "int8", the default for float32 drafts on AVX2 CPUs): the
+    layers, the fc and the reduced output head compute over the int8 weights times their row's
+    scale, which stays close to the full-precision head's output."""
+    head, _, ids, states = setup
+    target = load_target(None, device=torch.device("cpu"), dtype=torch.float32, progress=False)
+    export_draft(head, str(tmp_path), target_name=target.name, shared_embedding=True, dtype=torch.bfloat16)
+    args = (str(tmp_path), target.engine_model, target.arch, torch.float32, torch.device("cpu"))
+    full, quarter = load_draft_model(*args), load_draft_model(*args, held="int8")
+    assert quarter.held == "int8"
+    linears = [m for m in quarter.model.layers.modules() if isinstance(m, Int8WeightLinear)]
+    assert len(linears) >= 5 and all(m.weight_int8.dtype == torch.int8 for m in linears)
+    for weight, scales, reference in ((quarter.head_weight, quarter.head_scales, full.head_weight),
+                                      (quarter.fc_weight, quarter.fc_scales, full.fc_weight)):
+        assert weight.dtype == torch.int8 and scales.shape == (weight.shape[0],)
+        # Each row rounded to 127 steps of its largest magnitude: within half a step.
+        assert ((weight.float() * scales[:, None] - reference).abs() <= scales[:, None] * 0.5 + 1e-7).all()
+    newest = []
+    for draft in (full, quarter):
+        proposer = _proposer(draft)
+        _observe(proposer, ids, states, 0, len(ids))
+        proposer._catch_up(["r"])
+        newest.append(proposer._newest["r"][1])
+    assert not torch.equal(newest[1], newest[0])
+    assert torch.nn.functional.cosine_similarity(newest[1], newest[0], dim=0) > 0.99
+    hidden = newest[0][None]  # [1, hidden]
+    dequantized = quarter.head_weight.float() * quarter.head_scales[:, None]
+    torch.testing.assert_close(_draft_logits(quarter, hidden), hidden @ dequantized.t(), atol=1e-4, rtol=1e-4)
+
+
+def test_draft_weight_format_follows_the_config() -> None:
+    from engine.config import SpeculativeConfig
+    from engine.worker.model_runner import draft_weight_format
+    from kernels import small_rows_linear
+    cpu = torch.device("cpu")
+    kernel = small_rows_linear.skinny_enabled()
+    auto = SpeculativeConfig(method="hybrid")
+    assert draft_weight_format(auto, torch.float32, cpu) == ("int8" if kernel else None)
+    bf16 = SpeculativeConfig(method="hybrid", draft_weights="bf16")
+    if kernel:
+        assert draft_weight_format(bf16, torch.float32, cpu) == "bf16"
+    else:  # asked for by name where it cannot apply: said, not ignored
+        with pytest.raises(ValueError, match="draft_weights 'bf16'"):
+            draft_weight_format(bf16, torch.float32, cpu)
+    assert draft_weight_format(SpeculativeConfig(method="hybrid", draft_weights="dtype"), torch.float32, cpu) is None
+    # An explicit dtype is all of the draft in it, unless draft_weights says otherwise.
+    assert draft_weight_format(SpeculativeConfig(method="hybrid", draft_dtype="float32"), torch.float32, cpu) is None
+    assert draft_weight_format(auto, torch.bfloat16, cpu) is None
+    with pytest.raises(ValueError, match="draft_weights 'int8' needs a float32 draft"):
+        draft_weight_format(SpeculativeConfig(method="hybrid", draft_weights="int8"), torch.bfloat16, cpu)
+    with pytest.raises(ValueError, match="draft_weights"):
+        SpeculativeConfig(method="hybrid", draft_weights="int4")
