@@ -281,26 +281,34 @@ def test_folder_kind_is_checked(setup, tmp_path) -> None:
     assert isinstance(head, TrainableEagle)
 
 
-def test_bf16_weights_change_only_the_rounding_of_the_output_head(setup, tmp_path) -> None:
-    """bf16-held weights (float32 drafts on AVX2 CPUs, model_runner.draft_weight_format): a head
-    exported in bf16 computes its layers as before (the products are the widened weights'), and
-    its reduced output head, rows of the target's float32 head, is the float32 one rounded."""
+def _full_and_held(setup, tmp_path, held: str):
+    """The setup's head exported in bf16 and loaded twice under a float32 target, in float32 and
+    with its weights held so; and each one's output at the newest position after one catch-up
+    over the same states ([hidden] each)."""
     head, _, ids, states = setup
     target = load_target(None, device=torch.device("cpu"), dtype=torch.float32, progress=False)
     export_draft(head, str(tmp_path), target_name=target.name, shared_embedding=True, dtype=torch.bfloat16)
     args = (str(tmp_path), target.engine_model, target.arch, torch.float32, torch.device("cpu"))
-    full, half = load_draft_model(*args), load_draft_model(*args, held="bf16")
+    full, held_draft = load_draft_model(*args), load_draft_model(*args, held=held)
+    newest = []
+    for draft in (full, held_draft):
+        proposer = _proposer(draft)
+        _observe(proposer, ids, states, 0, len(ids))
+        proposer._catch_up(["r"])
+        newest.append(proposer._newest["r"][1])
+    return full, held_draft, newest
+
+
+def test_bf16_weights_change_only_the_rounding_of_the_output_head(setup, tmp_path) -> None:
+    """bf16-held weights (float32 drafts on AVX2 CPUs, model_runner.draft_weight_format): a head
+    exported in bf16 computes its layers as before (the products are the widened weights'), and
+    its reduced output head, rows of the target's float32 head, is the float32 one rounded."""
+    full, half, newest = _full_and_held(setup, tmp_path, "bf16")
     assert half.held == "bf16" and full.held is None
     linears = [m for m in half.model.layers.modules() if isinstance(m, Bf16WeightLinear)]
     assert len(linears) >= 5 and all(m.weight_bf16.dtype == torch.bfloat16 for m in linears)
     assert torch.equal(half.head_weight, full.head_weight.bfloat16())
     assert torch.equal(half.fc_weight.float(), full.fc_weight)  # exported in bf16: nothing to round
-    newest = []
-    for draft in (full, half):
-        proposer = _proposer(draft)
-        _observe(proposer, ids, states, 0, len(ids))
-        proposer._catch_up(["r"])
-        newest.append(proposer._newest["r"][1])
     torch.testing.assert_close(newest[1], newest[0], atol=1e-4, rtol=1e-4)  # summation order only
     hidden = newest[0][None]  # [1, hidden]
     torch.testing.assert_close(_draft_logits(half, hidden), hidden @ full.head_weight.bfloat16().float().t(),
@@ -312,11 +320,7 @@ def test_int8_weights_are_the_rounded_weights_scaled_per_row(setup, tmp_path) ->
     """int8-held weights (draft_weights "int8", the default for float32 drafts on AVX2 CPUs): the
     layers, the fc and the reduced output head compute over the int8 weights times their row's
     scale, which stays close to the full-precision head's output."""
-    head, _, ids, states = setup
-    target = load_target(None, device=torch.device("cpu"), dtype=torch.float32, progress=False)
-    export_draft(head, str(tmp_path), target_name=target.name, shared_embedding=True, dtype=torch.bfloat16)
-    args = (str(tmp_path), target.engine_model, target.arch, torch.float32, torch.device("cpu"))
-    full, quarter = load_draft_model(*args), load_draft_model(*args, held="int8")
+    full, quarter, newest = _full_and_held(setup, tmp_path, "int8")
     assert quarter.held == "int8"
     linears = [m for m in quarter.model.layers.modules() if isinstance(m, Int8WeightLinear)]
     assert len(linears) >= 5 and all(m.weight_int8.dtype == torch.int8 for m in linears)
@@ -325,12 +329,6 @@ def test_int8_weights_are_the_rounded_weights_scaled_per_row(setup, tmp_path) ->
         assert weight.dtype == torch.int8 and scales.shape == (weight.shape[0],)
         # Each row rounded to 127 steps of its largest magnitude: within half a step.
         assert ((weight.float() * scales[:, None] - reference).abs() <= scales[:, None] * 0.5 + 1e-7).all()
-    newest = []
-    for draft in (full, quarter):
-        proposer = _proposer(draft)
-        _observe(proposer, ids, states, 0, len(ids))
-        proposer._catch_up(["r"])
-        newest.append(proposer._newest["r"][1])
     assert not torch.equal(newest[1], newest[0])
     assert torch.nn.functional.cosine_similarity(newest[1], newest[0], dim=0) > 0.99
     hidden = newest[0][None]  # [1, hidden]
