@@ -153,12 +153,11 @@ __attribute__((noinline)) void first_pass(int rows, const float* x, int64_t x_st
 // The first pass over bf16 or int8 weight rows [0, num_weight_rows) for 1 to 4 input rows. With
 // one weight row at a time such a pass has only 1-4 accumulator chains, and each multiply-add
 // waits on the one before it in its chain (4-5 cycles): over weights of 1-2 bytes that, not the
-// memory, bounds it (the EAGLE head's 8192-row output head at one row: 0.42 ms warm in bf16, and
-// int8 no faster). Taking 2 or 4 weight rows at once gives 4-8 chains (0.17 ms warm). Every
-// output still has its own accumulator over the same k order, so the sums, bit for bit, are
-// those of one row at a time. Measured on an AVX2 EPYC, 2 threads, the head's 8192 x 576 at one
-// row, warm in cache: 0.41 ms (int8) and 0.42 (bf16) one weight row at a time, 0.17 both with
-// this. Cycled from memory, bf16 at 1 / 2 / 4 rows: 0.42 / 0.48 / 0.57 -> 0.45 / 0.46 / 0.46 ms;
+// memory, bounds it. Taking 2 or 4 weight rows at once gives 4-8 chains. Every output still has
+// its own accumulator over the same k order, so the sums, bit for bit, are those of one row at a
+// time. Measured on an AVX2 EPYC, 2 threads, the EAGLE head's 8192 x 576 output head at one row,
+// warm in cache: 0.41 ms (int8) and 0.42 (bf16) one weight row at a time, 0.17 both with this.
+// Cycled from memory, bf16 at 1 / 2 / 4 rows: 0.42 / 0.48 / 0.57 -> 0.45 / 0.46 / 0.46 ms;
 // int8 then takes 0.26 / 0.27 / 0.39. float32 weights keep one row at a time: four bytes a weight
 // keep them bound by memory, and side by side their rows streamed 5-13% slower (lm_head, 1-4 rows).
 template <typename W>
