@@ -74,13 +74,14 @@ def skinny_enabled() -> bool:
 
 def compiled_linear(
     x: torch.Tensor,  # [num_rows, in_features] float32 on the CPU
-    weight: torch.Tensor,  # [out_features, in_features] float32 or bf16 (widened as read), contiguous
+    weight: torch.Tensor,  # [out_features, in_features] float32, bf16 (widened as read) or int8, contiguous
     bias: torch.Tensor | None = None,  # [out_features]
+    scales: torch.Tensor | None = None,  # [out_features] float32: an int8 weight's, which needs them
 ) -> torch.Tensor | None:  # [num_rows, out_features], or None where the kernel does not take it
     """The compiled few-row product, when this machine uses it and it takes these tensors."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= SKINNY_MAX_ROWS or not skinny_enabled():
         return None
-    return cpu_kernels().try_skinny_linear(x, weight, bias)  # (built: skinny_enabled says so)
+    return cpu_kernels().try_skinny_linear(x, weight, bias, scales)  # (built: skinny_enabled says so)
 
 
 def linear(
@@ -128,8 +129,7 @@ def linear_int8(
     """float32 arithmetic over a weight held in int8 with one scale per row: y = (x q^T) * scales
     (+ b). Few rows take the compiled kernel, which widens the integers as it reads them (a
     quarter of float32's bytes); more rows, or no kernel, dequantize the weight for the call."""
-    if x.dim() == 2 and 1 <= x.shape[0] <= SKINNY_MAX_ROWS and skinny_enabled():
-        compiled = cpu_kernels().try_skinny_linear(x, weight, bias, scales)
-        if compiled is not None:
-            return compiled
+    compiled = compiled_linear(x, weight, bias, scales)
+    if compiled is not None:
+        return compiled
     return mkl_linear(x, weight.float() * scales[:, None], bias)

@@ -136,11 +136,11 @@ def _load(method: str, args: argparse.Namespace) -> LLM:
     @dtype its own draft_weights (see --methods)."""
     options = {"num_speculative_tokens": args.num_speculative_tokens, "num_suffix_tokens": args.num_suffix_tokens,
                "draft_dtype": args.draft_dtype}
-    method, _, draft_dtype = method.partition("@")
-    if draft_dtype in DRAFT_WEIGHT_FORMATS:
-        options["draft_weights"] = draft_dtype
-    elif draft_dtype:
-        options["draft_dtype"] = draft_dtype
+    method, _, draft_option = method.partition("@")
+    if draft_option in DRAFT_WEIGHT_FORMATS:
+        options["draft_weights"] = draft_option
+    elif draft_option:
+        options["draft_dtype"] = draft_option
     method, _, cap = method.partition("/")
     if cap:
         options["num_speculative_tokens" if method == "draft" else "num_suffix_tokens"] = int(cap)

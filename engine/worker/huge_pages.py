@@ -91,22 +91,21 @@ def collapse_into_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
     unchanged). Returns how many of those storages' bytes now lie in huge pages the kernel
     collapsed (0 where it cannot: see the module docstring)."""
     madvise = _madvise()
-    ranges = {r for r in map(_storage_range, tensors) if r is not None}
-    if madvise is None or not ranges:
+    if madvise is None:
         return 0
-    pages = sorted({page for start, end in ranges
-                    for page in range(start - start % HUGE_PAGE_BYTES, end, HUGE_PAGE_BYTES)})
-    collapsed: list[int] = []
-    for page in pages:
+    # Each 2 MiB page that overlaps a storage -> the storages' bytes on it.
+    overlap: dict[int, int] = {}
+    for start, end in {r for r in map(_storage_range, tensors) if r is not None}:
+        for page in range(start - start % HUGE_PAGE_BYTES, end, HUGE_PAGE_BYTES):
+            overlap[page] = overlap.get(page, 0) + min(end, page + HUGE_PAGE_BYTES) - max(start, page)
+    collapsed = 0
+    for page in sorted(overlap):
         madvise(page, HUGE_PAGE_BYTES, MADV_HUGEPAGE)
         # Fails for one page (not all of it mapped, another mapping's flags, no free huge page
         # just now) or for all (no MADV_COLLAPSE before Linux 6.1): that page stays as it was.
         if madvise(page, HUGE_PAGE_BYTES, MADV_COLLAPSE) == 0:
-            collapsed.append(page)
-    done = set(collapsed)
-    return sum(min(end, page + HUGE_PAGE_BYTES) - max(start, page)
-               for start, end in ranges
-               for page in range(start - start % HUGE_PAGE_BYTES, end, HUGE_PAGE_BYTES) if page in done)
+            collapsed += overlap[page]
+    return collapsed
 
 
 def module_tensors(*modules: nn.Module | None) -> list[torch.Tensor]:
