@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -113,36 +114,29 @@ def eagle_rollout_matches(proposer: Any, states: torch.Tensor, prompt: list[int]
     """An EAGLE head's drafts from every start of a continuation, through the engine's own
     proposer (engine/spec_decode/eagle.py): matches[t][j] says whether the j-th draft of a step
     starting before continuation token t equals token t + j. states: [len(prompt + continuation),
-    hidden] the target's final states (teacher-forced). The head's KV is written once over the
-    whole sequence from the target's states; each start's drafts then overwrite the slots after
-    it with predicted states, which are put back before the next start."""
-    from engine.model.attention_metadata import AttentionMetadata
+    hidden] the target's final states (teacher-forced). They are stored as the runner stores a
+    step's states; each start's catch-up then writes the head's KV from them up to its context
+    (the first start over the prompt, each later one over one more position, rewriting what
+    the previous start's drafts wrote from predicted states)."""
     from engine.spec_decode.proposer import ProposalRequest
 
     sequence = prompt + continuation
     length = len(sequence)
-    device = states.device
-    block_size = proposer.block_size
-    block_ids = list(range(-(-(length + max_k) // block_size)))
-    meta = AttentionMetadata.build(query_lens=[length - 1], seq_lens=[length - 1], block_ids=[block_ids],
-                                   block_size=block_size, device=device)
-    # Position p reads (token p + 1, state p): every position but the last.
-    outputs = proposer._forward(torch.tensor(sequence[1:], device=device), states[:-1],
-                                torch.arange(length - 1, device=device), meta)  # [length - 1, hidden]
-    saved = proposer.kv_caches[0].clone()
+    block_ids = list(range(-(-(length + max_k) // proposer.block_size)))
+    proposer.finish("eval", None)  # a new sequence in the same blocks
+    proposer.forget_blocks(block_ids)
+    positions = np.arange(length)
+    proposer.observe(states, positions, proposer._slots(block_ids, 0, length), [0, length], [(sequence, [], length)])
     matches: list[list[bool]] = []
     for t in range(len(continuation)):
         newest = len(prompt) + t - 1  # the context's last token; the head's newest output is before it
-        position = newest - 1
-        if position < 0:
+        if newest < 1:
             matches.append([])
             continue
-        proposer._newest["eval"] = (position, outputs[position])
         wanted = min(max_k, len(continuation) - t)
         request = ProposalRequest("eval", sequence[: newest + 1], [], num_drafts=wanted, block_ids=block_ids)
         drafts = proposer.propose([request])["eval"].token_ids
         matches.append([d == c for d, c in zip(drafts, continuation[t: t + wanted])])
-        proposer.kv_caches[0].copy_(saved)
     return matches
 
 

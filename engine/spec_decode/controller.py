@@ -57,8 +57,9 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   a few rejections that say little about the next draft, and the head's confidence tells its
   sure drafts apart.
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
-  when it drafts again (draft_model.py), so a switched-off draft costs little (an EAGLE head
-  still keeps its KV current in batched passes: eagle.py).
+  when it drafts again (draft_model.py, eagle.py), so a switched-off draft costs little (an EAGLE
+  head keeps the target's states of every verified position, one copy a step). An EAGLE head's
+  catch-up over positions it skipped is not billed to its drafts: it is what staying ready costs.
 
 Caps: a draft model drafts at most num_speculative_tokens per request per step, suffix matching
 at most num_suffix_tokens (longer: its drafts cost no model compute, and where text repeats a
@@ -396,7 +397,9 @@ class SpeculationController:
             # position past its last kept draft (measured as depth, that pass would have
             # inflated the fit's fixed cost and kept the head off in steps where it pays).
             depth = max(max(lengths, default=0), getattr(self.draft, "positions_run", 0))
-            self.draft_cost.observe(depth, sum(lengths), draft_seconds)
+            # Not billed: an EAGLE head's KV-only passes over positions it skipped (eagle.py).
+            billed = draft_seconds - getattr(self.draft, "kv_only_seconds", 0.0)
+            self.draft_cost.observe(depth, sum(lengths), billed)
             proposals.update(drafted)
             for request in need_draft:
                 proposal = drafted.get(request.req_id)

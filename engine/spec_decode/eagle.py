@@ -6,33 +6,39 @@ target's final-norm hidden state, runs one llama decoder layer and a final norm,
 h_{t+1}; the target's output head (over the draft vocabulary) turns that into the draft of token
 t + 2. Further drafts feed the predicted state back in.
 
-Its KV (one layer) lives in a pool of its own indexed by the target's block ids and slots. After
-every target step the runner hands over the states of the positions that step verified (prefill
-chunks; the last real token and the accepted drafts of a decode); they wait in a per-request
-buffer and the head runs over them, in one batched pass with other requests':
-- when the request drafts (the pass's output at its newest position is its first draft, so
-  catching up and the first draft are one forward);
-- when FLUSH_TOKENS have piled up (a prefill chunk at once; a request that has not drafted for
-  that many steps), which bounds the buffer;
-- when the request finishes (in the next step's pass), so a later request that hits its blocks
-  in the prefix cache (an agent's next turn) finds head KV written from the target's states
-  there; they share that pass with any flush, unless one of their blocks is written in it too,
-  as when it has gone to a new request (then a pass of their own first).
-Every other request with RIDE_TOKENS or more buffered rides along in such a pass, so a batch that
-does not draft shares one pass per about FLUSH_TOKENS steps instead of one per request (a pass
-costs a fixed 0.4-1 ms on a CPU, a row about 6 us).
-Only the newest position's output is ever read, so the last two passes, and a catch-up's older
-positions (SPLIT_ROWS), write KV only: the fc projection, the norm and k/v, without attention
-or MLP (3-5x cheaper per position on a CPU). A request the controller does not draft for
-therefore costs one such pass per FLUSH_TOKENS positions instead of a full pass every step (at
-8 streams on a CPU the per-step pass was 6% of the runner's time while drafts did not pay).
-Positions past the accepted ones hold KV written from predicted states; the next pass over the
-request overwrites them before anything attends to them, as every pass over a request starts
-at its first unprocessed position.
+Its KV (one layer) lives in a pool of its own indexed by the target's block ids and slots, and so
+do the target's states: after every target step the runner writes the states of the positions
+that step verified (prefill chunks; the last real token and the accepted drafts of a decode)
+into the state pool at their slots, one copy for the whole step. The head's KV is filled lazily
+from them, like a draft model's (draft_model.py): only when a request drafts does the head run,
+first over the positions it has no KV for (its catch-up, in the same pass as the first draft).
+A request the plan does not draft for costs the head nothing but that copy; at 8 streams on a
+CPU, where the head's drafts rarely pay, writing every position's KV as it came cost ~1% of the
+batch's time (20 us a position, fc and k/v over 2 cores, float32). A finished request leaves its
+states in its blocks, so a later request that hits them in the prefix cache (an agent's next
+turn) catches up from them.
+
+Which slots hold valid head KV and states is recorded per slot, as the draft model does: the
+state at position p is a function of tokens 0..p and is recorded with token p; the head's KV at
+p reads token p + 1 and state p, and is recorded with token p + 1. A request's KV (or state) at
+p is valid when the records of its positions up to p match its tokens: every write is made over
+a context that matched the records before it. A freshly allocated block forgets its records
+(forget_blocks); a cached block keeps them; after drafting, the records past the newest verified
+position are forgotten (the drafts wrote KV there from predicted states). One exception: the
+KV at a block's last slot reads the first token of the next block, which requests sharing the
+block need not share; a record there that is another token is taken as valid (a key of one
+position written for another successor, which changes drafts, never the output), or two
+requests sharing a system prompt would rewrite each other's KV from there on at every step.
+
+A catch-up of SPLIT_ROWS positions or more writes all but its newest one with a KV-only pass
+(the fc projection, the norm and k/v, without attention or MLP: 3-5x cheaper per position on a
+CPU), since only the newest position's output is read. The controller does not bill those
+passes to the head's drafts (kv_only_seconds): they write positions the head skipped, work that
+stays ready for whenever the head drafts again.
 
 Drafts are greedy (one-hot for the rejection sampler); a request that asks for alternatives also
 gets the head's runners-up for its first draft (engine/worker/alternatives.py verifies them). The
-head only writes its own pool, so it cannot change the target's output.
+head only writes its own pools, so it cannot change the target's output.
 
 Each draft carries the head's softmax probability of it, which the controller's calibration
 (engine/spec_decode/calibration.py) turns into the chance the target accepts it; a request's
@@ -45,7 +51,7 @@ it is guessing.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -57,42 +63,29 @@ from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 
 
-FLUSH_TOKENS = 32  # buffered positions that make a request's head pass run without a draft
 # A catch-up chunk at least this long writes all but its newest position with a KV-only pass
 # first (measured with the shipped head on 2 CPU cores, bf16, 600-token context: a full pass
 # over 4 rows of one request costs what a KV-only pass over 3 plus a full pass over 1 do; at 8
 # requests x 4 rows the split is 20% cheaper, at 1 x 31 rows 40%).
 SPLIT_ROWS = 4
-# Buffered positions that make a request ride along in a pass another one's buffer (or the
-# finished requests') started. At 8 chat streams (bf16, no drafts) a round ran ~25 KV-only passes
-# of 1-250 rows each, 1-3 ms apiece with the head's weights cold: 1% of the batch's time.
-RIDE_TOKENS = 8
 
 
 @dataclass
-class _Buffered:
-    """Verified positions [start, start + count) of a request the head has not run over yet."""
+class _Chunk:
+    """Positions [start, start + count) of a request for one head pass: their input tokens
+    (token p + 1 each), their slots, and the request's block table."""
 
     start: int
-    block_ids: list[int]  # the runner's list (read-only here; blocks only grow)
-    # The runner's token lists (read-only here; they only grow): the head's input at position p
-    # is token p + 1, read when a pass runs rather than copied out every step.
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    states: list[torch.Tensor] = field(default_factory=list)  # chunks [n_i, hidden]
-    count: int = 0
+    count: int
+    tokens: np.ndarray  # [count] int64
+    slots: np.ndarray  # [count] int64
+    block_ids: list[int]
 
-    def token_ids(self) -> np.ndarray:  # [count] int64: token p + 1 per buffered position p
-        return _tokens(self.prompt_token_ids, self.output_token_ids, self.start + 1, self.start + 1 + self.count)
-
-    def split_newest(self) -> tuple[_Buffered, _Buffered]:
+    def split_newest(self) -> tuple[_Chunk, _Chunk]:
         """(positions [start, start + count - 1), the newest position alone); count >= 2."""
-        states = torch.cat(self.states)  # [count, hidden]
         last = self.count - 1
-        # The newest row is copied: a view would keep the whole chunk (a prefill's) alive while
-        # it waits for the request's next pass.
-        return (replace(self, states=[states[:last]], count=last),
-                replace(self, start=self.start + last, states=[states[last:].clone()], count=1))
+        return (_Chunk(self.start, last, self.tokens[:last], self.slots[:last], self.block_ids),
+                _Chunk(self.start + last, 1, self.tokens[last:], self.slots[last:], self.block_ids))
 
 
 class EagleProposer:
@@ -106,15 +99,17 @@ class EagleProposer:
         self.draft = draft
         self.block_size = block_size
         self.device = device
-        self.dtype = dtype  # the head's: the target's states are converted as they are buffered
+        self.dtype = dtype  # the head's: the target's states are converted as they are stored
         self.kv_spec = KVCacheSpec(1, draft.arch.num_key_value_heads, draft.arch.head_dim, block_size, dtype)
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, device)
-        self._buffered: dict[str, _Buffered] = {}
-        self._finished: list[_Buffered] = []  # buffers of finished requests, run in the next pass
-        # req_id -> (its newest verified position P, the head's output there [hidden]): the
-        # state that predicts token P + 2, i.e. the first draft of the next step.
-        self._newest: dict[str, tuple[int, torch.Tensor]] = {}
-        self.pass_seconds = 0.0  # seconds in head passes outside drafting (flushes; diagnostics)
+        num_slots = num_blocks * block_size
+        self.states = torch.zeros(num_slots, draft.arch.hidden_size, dtype=dtype, device=device)  # [slots, hidden]
+        self._state_tokens = np.full(num_slots, -1, dtype=np.int64)  # token p of the state at p's slot
+        self._kv_tokens = np.full(num_slots, -1, dtype=np.int64)  # token p + 1 of the head's KV at p's slot
+        self._block_last = np.arange(num_slots) % block_size == block_size - 1  # [slots] a block's last slot
+        self._valid_through: dict[str, int] = {}  # req_id -> positions [0, n) with valid KV at its last catch-up
+        self.num_kv_positions = 0  # positions the head wrote KV for from target states (diagnostics)
+        self.kv_only_seconds = 0.0  # the last propose's KV-only passes (not billed to its drafts)
         # Positions the last propose drafted in sequence (the deepest request's; a draft computed
         # and then dropped for its confidence counts: its pass ran). The controller prices by it.
         self.positions_run = 0
@@ -124,10 +119,22 @@ class EagleProposer:
 
     @staticmethod
     def kv_bytes_per_block(draft: DraftModel, block_size: int, dtype: torch.dtype) -> int:
-        return KVCacheSpec(1, draft.arch.num_key_value_heads, draft.arch.head_dim, block_size, dtype).bytes_per_block
+        """Its KV and the target states it keeps, per block of the target's."""
+        kv = KVCacheSpec(1, draft.arch.num_key_value_heads, draft.arch.head_dim, block_size, dtype).bytes_per_block
+        return kv + block_size * draft.arch.hidden_size * dtype.itemsize
 
     def forget_blocks(self, block_ids: list[int]) -> None:
-        pass  # every pass over a request rewrites its positions from the first unprocessed one
+        """Blocks just allocated afresh: their states and head KV belong to another context."""
+        if block_ids:
+            slots = (np.asarray(block_ids, dtype=np.int64)[:, None] * self.block_size
+                     + np.arange(self.block_size)).reshape(-1)
+            self._state_tokens[slots] = -1
+            self._kv_tokens[slots] = -1
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> np.ndarray:  # [end - start] int64
+        positions = np.arange(start, end, dtype=np.int64)
+        blocks = np.asarray(block_ids, dtype=np.int64)[positions // self.block_size]
+        return blocks * self.block_size + positions % self.block_size
 
     def _forward(self, input_ids: torch.Tensor, states: torch.Tensor, positions: torch.Tensor,
                  meta: AttentionMetadata, *, kv_only: bool = False) -> torch.Tensor | None:
@@ -144,116 +151,113 @@ class EagleProposer:
             return None
         return model.run_layers(hidden, positions, self.kv_caches, meta)  # the layer and the final norm
 
-    def observe(self, hidden: torch.Tensor, positions: np.ndarray, query_start_loc: list[int],
-                requests: list[tuple[str, list[int], list[int], list[int], int]]) -> None:
-        """After a target step: hidden [num_tokens, hidden] its final states, positions
-        [num_tokens], query_start_loc its rows per request; requests, in row order:
-        (req_id, prompt ids, output ids (this step's tokens included), block ids, number of its
-        scheduled positions whose states are verified). Buffers them; runs the head over the
-        requests that reached FLUSH_TOKENS (and finished requests' leftovers)."""
-        for i, (req_id, prompt, output, blocks, num_valid) in enumerate(requests):
-            first = query_start_loc[i]
-            start = int(positions[first])
-            # Position p needs token p + 1: the newest token has no successor yet.
-            count = min(num_valid, len(prompt) + len(output) - 1 - start)
-            if count <= 0:
+    def observe(self, hidden: torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray,
+                query_start_loc: list[int], requests: list[tuple[list[int], list[int], int]]) -> None:
+        """After a target step: hidden [num_tokens, hidden] its final states, positions and
+        slot_mapping [num_tokens] its rows', query_start_loc its rows per request; requests, in
+        row order: (prompt ids, output ids (this step's tokens included), number of its scheduled
+        positions whose states are verified: its first rows). Stores those states at their slots."""
+        rows, tokens = [], []
+        for i, (prompt, output, num_valid) in enumerate(requests):
+            if num_valid > 0:
+                first = query_start_loc[i]
+                start = int(positions[first])
+                rows.append(np.arange(first, first + num_valid))
+                tokens.append(_tokens(prompt, output, start, start + num_valid))
+        if not rows:
+            return
+        row_index = np.concatenate(rows)
+        slots = torch.from_numpy(slot_mapping[row_index]).to(self.device)
+        verified = hidden if len(row_index) == hidden.shape[0] else hidden.index_select(
+            0, torch.from_numpy(row_index).to(hidden.device))  # (rows in order: all of them, or some)
+        self.states.index_copy_(0, slots, verified.to(self.dtype))
+        self._state_tokens[slot_mapping[row_index]] = np.concatenate(tokens)
+
+    def _catch_up(self, requests: list[ProposalRequest]) -> dict[str, tuple[int, torch.Tensor]]:
+        """Runs the head over each request's positions without valid KV, through its newest
+        verified position P (the token after it is its newest token): req_id -> (P, the head's
+        output there [hidden], the state that predicts token P + 2, i.e. its first draft).
+        Requests without the target's state at P (not observed) are left out; positions before
+        P without one are skipped. A long chunk writes its older positions' KV alone first
+        (SPLIT_ROWS), in one KV-only pass for all."""
+        chunks, older = [], []
+        for r in requests:
+            newest = len(r.prompt_token_ids) + len(r.output_token_ids) - 2  # P
+            if newest < 0:
                 continue
-            buffered = self._buffered.get(req_id)
-            if buffered is None or buffered.start + buffered.count != start:
-                # Nothing buffered, or a gap (the request was preempted and recomputes): the
-                # request's positions before `start` are as the last pass left them.
-                buffered = self._buffered[req_id] = _Buffered(start, blocks, prompt, output)
-            # A copy of its own rows (the step's tensor is not ours), in the head's dtype: a view
-            # of one copy of the whole step would keep every request's rows, prefill chunks
-            # included, alive while any one request's buffer waits (up to FLUSH_TOKENS steps).
-            buffered.states.append(hidden[first: first + count].to(self.dtype, copy=True))
-            buffered.count += count
-            self._newest.pop(req_id, None)  # stale: newer positions wait in the buffer
-        # Finished requests' leftovers run at once, here and not in a later draft's catch-up,
-        # which the controller bills to the draft model (as it would riders: the same reason
-        # they stay out of catch-ups). Billed, the upkeep of requests that do not draft made the
-        # plan draft less: agent turns at 8 streams drafted 1,075 tokens against 1,449 and ran at
-        # 1.035x against 1.102x (bf16, 6 rounds side by side).
-        if self._finished or any(b.count >= FLUSH_TOKENS for b in self._buffered.values()):
-            started = time.perf_counter()
-            with torch.inference_mode():
-                self._write_kv(self._take_riders())
-            self.pass_seconds += time.perf_counter() - started
-
-    def _take_riders(self) -> list[_Buffered]:
-        """The older positions of every buffer with RIDE_TOKENS or more, taken out for a KV-only
-        pass: the newest position stays buffered, so a later draft's catch-up is a full pass over
-        it, and nothing reads the others' outputs."""
-        heads = []
-        for req_id, buffered in self._buffered.items():
-            if buffered.count >= RIDE_TOKENS:
-                head, self._buffered[req_id] = buffered.split_newest()
-                heads.append(head)
-        return heads
-
-    def _write_kv(self, heads: list[_Buffered]) -> None:
-        """One KV-only pass over heads and the finished requests' leftovers. Two writes to one
-        slot in one pass would race, and a finished request's blocks may already belong to a new
-        request whose write must come last: if any block is written by both, the finished
-        requests' run first, in a pass of their own."""
-        finished, self._finished = self._finished, []
-        if finished and _written_blocks(finished, self.block_size) & _written_blocks(heads, self.block_size):
-            self._pass(finished, kv_only=True)
-            finished = []
-        self._pass(finished + heads, kv_only=True)
-
-    def _catch_up(self, req_ids: list[str]) -> None:
-        """Runs the head over req_ids' buffers, leaving each one's output at its newest position
-        in _newest; a long buffer writes its older positions' KV alone first (SPLIT_ROWS), in a
-        KV-only pass with any finished requests' leftovers (written before anything attends to
-        them)."""
-        chunks, heads = [], []
-        for req_id in req_ids:
-            chunk = self._buffered.pop(req_id)
+            # Positions before the last catch-up's newest were valid then and stay so: only the
+            # request's own later writes (drafts, past it) or a shared block's last slot change.
+            begin = min(self._valid_through.get(r.req_id, 0), newest)
+            context = _tokens(r.prompt_token_ids, r.output_token_ids, begin, newest + 2)  # tokens begin..P+1
+            slots = self._slots(r.block_ids, begin, newest + 1)  # positions begin..P
+            recorded = self._kv_tokens[slots]
+            stale = np.flatnonzero((recorded != context[1:]) & ~((recorded >= 0) & self._block_last[slots]))
+            start = min(int(stale[0]) if stale.size else newest - begin, newest - begin)  # P runs always
+            missing = np.flatnonzero(self._state_tokens[slots[start:]] != context[start:-1])
+            if missing.size:
+                if missing[-1] == len(slots) - 1 - start:
+                    continue  # no state at P: nothing to draft from
+                # States never handed over (blocks cached before this head was built): those
+                # positions keep whatever KV they hold, which only costs drafts.
+                start += int(missing[-1]) + 1
+            chunk = _Chunk(begin + start, len(slots) - start, context[start + 1:], slots[start:], r.block_ids)
+            self._valid_through[r.req_id] = newest + 1
             if chunk.count >= SPLIT_ROWS:
                 head, chunk = chunk.split_newest()
-                heads.append(head)
-            chunks.append(chunk)
-        self._write_kv(heads)
-        if chunks:
-            out = self._pass(chunks)
-            assert out is not None
-            last = np.cumsum([c.count for c in chunks]) - 1
-            for req_id, chunk, row in zip(req_ids, chunks, last.tolist()):
-                self._newest[req_id] = (chunk.start + chunk.count - 1, out[row])
+                older.append(head)
+            chunks.append((r.req_id, chunk))
+        started = time.perf_counter()
+        self._pass(older, kv_only=True)
+        self.kv_only_seconds += time.perf_counter() - started
+        if not chunks:
+            return {}
+        out = self._pass([chunk for _, chunk in chunks])
+        assert out is not None
+        last = np.cumsum([chunk.count for _, chunk in chunks]) - 1
+        return {req_id: (chunk.start + chunk.count - 1, out[row])
+                for (req_id, chunk), row in zip(chunks, last.tolist())}
 
-    def _pass(self, chunks: list[_Buffered], *, kv_only: bool = False) -> torch.Tensor | None:
-        """One head forward over chunks: outputs [sum(counts), hidden], or None if kv_only."""
+    def _pass(self, chunks: list[_Chunk], *, kv_only: bool = False) -> torch.Tensor | None:
+        """One head forward over chunks, from the stored target states: outputs [sum(counts),
+        hidden], or None if kv_only. Records what it wrote."""
         if not chunks:
             return None
         meta = AttentionMetadata.build(query_lens=[c.count for c in chunks],
                                        seq_lens=[c.start + c.count for c in chunks],
                                        block_ids=[c.block_ids for c in chunks], block_size=self.block_size,
                                        device=self.device)
-        ids = torch.from_numpy(np.concatenate([c.token_ids() for c in chunks])).to(self.device)
-        states = torch.cat([s for c in chunks for s in c.states])  # [sum(counts), hidden]
+        tokens = np.concatenate([c.tokens for c in chunks])
+        slots = np.concatenate([c.slots for c in chunks])
+        ids = torch.from_numpy(tokens).to(self.device)
+        states = self.states.index_select(0, torch.from_numpy(slots).to(self.device))  # [sum(counts), hidden]
         positions = torch.from_numpy(np.concatenate(
             [np.arange(c.start, c.start + c.count) for c in chunks])).to(self.device)
-        return self._forward(ids, states, positions, meta, kv_only=kv_only)
+        out = self._forward(ids, states, positions, meta, kv_only=kv_only)
+        self._kv_tokens[slots] = tokens
+        self.num_kv_positions += len(slots)
+        return out
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:
+        self.kv_only_seconds = 0.0
+        return self._draft(requests, self._catch_up(requests))
+
+    def _draft(self, requests: list[ProposalRequest],
+               newest: dict[str, tuple[int, torch.Tensor]]) -> dict[str, Proposal]:
+        """Drafts from each request's newest head output (newest: _catch_up's)."""
         drafts: dict[str, list[int]] = {r.req_id: [] for r in requests}
-        # Catch up (the same pass gives each request's first draft).
-        self._catch_up([r.req_id for r in requests if r.req_id in self._buffered])
         # The head's newest output sits at P (the newest verified position); draft j is token
         # P + 1 + j and its feeding step writes head KV at P + j: never past the owned blocks.
         active, position, state = [], {}, {}
         for r in requests:
-            newest = self._newest.get(r.req_id)
-            num_tokens = len(r.prompt_token_ids) + len(r.output_token_ids)
-            if newest is None or newest[0] != num_tokens - 2:
+            if r.req_id not in newest:
                 continue  # no verified state for this request's newest token (not observed)
-            limit = min(r.num_drafts, len(r.block_ids) * self.block_size - newest[0])
+            at, out = newest[r.req_id]
+            limit = min(r.num_drafts, len(r.block_ids) * self.block_size - at)
             if limit > 0:
                 active.append((r, limit))
-                position[r.req_id] = newest[0]
-                state[r.req_id] = newest[1]
+                position[r.req_id] = at
+                state[r.req_id] = out
         self.positions_run = 0
         if not active:
             return {req_id: Proposal(tokens) for req_id, tokens in drafts.items()}
@@ -265,6 +269,7 @@ class EagleProposer:
         tokens = [row[0] for row in top_rows]
         alternatives = {r.req_id: row[1: 1 + r.num_alternatives] for (r, _), row in zip(active, top_rows)}
         chances = DraftChances(self.calibration, [r.req_id for r, _ in active])
+        predicted: dict[str, int] = {}  # req_id -> positions after P it wrote KV at
         step = 1
         while True:
             # Each request's token is kept while the chance that all its drafts survive pays
@@ -288,26 +293,23 @@ class EagleProposer:
                                            block_ids=[r.block_ids for r, _ in active],
                                            block_size=self.block_size, device=self.device)
             states = self._forward(inputs, states, torch.tensor(at, dtype=torch.int64, device=self.device), meta)
+            for r, _ in active:
+                predicted[r.req_id] = step
             top, best_prob = top_draft_tokens_with_prob(self.draft, states, 1)
             tokens, probs = top[:, 0].tolist(), best_prob.tolist()
             step += 1
         self.positions_run = step
+        for r in requests:  # KV written from predicted states: the next catch-up rewrites it
+            if r.req_id in predicted:
+                at = position[r.req_id]
+                self._kv_tokens[self._slots(r.block_ids, at + 1, at + 1 + predicted[r.req_id])] = -1
         return {req_id: chances.proposal(req_id, tokens, alternatives.get(req_id))
                 for req_id, tokens in drafts.items()}
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
-        self._newest.pop(req_id, None)
-        buffered = self._buffered.pop(req_id, None)
-        # A finished request's last positions still get head KV (its blocks stay in the prefix
-        # cache); a preempted one recomputes them anyway.
-        if buffered is not None and output_token_ids is not None:
-            self._finished.append(buffered)
-
-
-def _written_blocks(chunks: list[_Buffered], block_size: int) -> set[int]:
-    """The block ids a pass over chunks writes KV in."""
-    return {block for c in chunks
-            for block in c.block_ids[c.start // block_size: (c.start + c.count - 1) // block_size + 1]}
+        # Its states and head KV stay in its blocks (a prefix hit catches up from them); a
+        # preempted request may come back in other blocks.
+        self._valid_through.pop(req_id, None)
 
 
 def _tokens(prompt: list[int], output: list[int], start: int, end: int) -> np.ndarray:  # [end - start] int64

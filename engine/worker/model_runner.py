@@ -424,7 +424,7 @@ class ModelRunner:
     def _observe_eagle(self, eagle: EagleProposer, hidden: torch.Tensor, step, req_ids: list[str],
                        sampled_token_ids: list[list[int]], num_step_drafts: list[int]) -> None:
         """Hands the EAGLE head the states of the positions this step verified: every scheduled
-        position, less the drafts the target rejected (it buffers them; engine/spec_decode/eagle.py)."""
+        position, less the drafts the target rejected (it stores them; engine/spec_decode/eagle.py)."""
         requests = []
         for row, req_id in enumerate(req_ids):
             state = self.requests[req_id]
@@ -434,8 +434,8 @@ class ModelRunner:
                 # Scheduled: the real tokens, then k drafts; verified: the real ones and the
                 # len(sampled) - 1 drafts accepted.
                 num_valid = num_scheduled - num_step_drafts[row] + len(sampled_token_ids[row]) - 1
-            requests.append((req_id, state.prompt_token_ids, state.output_token_ids, state.block_ids, num_valid))
-        eagle.observe(hidden, step.positions, step.query_start_loc, requests)
+            requests.append((state.prompt_token_ids, state.output_token_ids, num_valid))
+        eagle.observe(hidden, step.positions, step.slot_mapping, step.query_start_loc, requests)
 
     def _sampling_metadata(self, states: list[CachedRequestState], outputs: list[list[int]],
                            bitmask_rows: list[np.ndarray | None] | None = None) -> SamplingMetadata:

@@ -1,8 +1,8 @@
 """The EAGLE head: the engine's paged form (engine/spec_decode/eagle.py) computes what the
-training form (drafts/eagle.py) computes, through the exported folder; buffered positions run
-in chunks equal one pass over the whole context; drafts roll out the predicted states exactly;
-a finished request's last positions get head KV for later prefix hits; buffers share flush
-passes."""
+training form (drafts/eagle.py) computes, through the exported folder; its KV is written lazily
+from the stored target states, only when a request drafts, and only where its records do not
+match; drafts roll out the predicted states exactly; a prefix hit catches up from the states a
+finished request left."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.calibration import ConfidenceCalibration
 from engine.model.layers.quant_linear import Bf16WeightLinear, Int8WeightLinear
 from engine.spec_decode.draft_model import _draft_logits, load_draft_model
-from engine.spec_decode.eagle import FLUSH_TOKENS, RIDE_TOKENS, SPLIT_ROWS, EagleProposer
+from engine.spec_decode.eagle import SPLIT_ROWS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 
 VOCAB = 4096
@@ -48,11 +48,11 @@ def _proposer(draft) -> EagleProposer:
 
 
 def _observe(proposer: EagleProposer, ids: list[int], states: torch.Tensor, start: int, end: int,
-             req_id: str = "r", blocks: list[int] | None = None) -> None:
+             blocks: list[int] | None = None) -> None:
     """One target step that computed positions [start, end) of a request whose prompt is ids."""
     positions = np.arange(start, end)
-    proposer.observe(states[start:end], positions, [0, end - start],
-                     [(req_id, ids, [], list(range(8)) if blocks is None else blocks, end - start)])
+    slots = proposer._slots(list(range(8)) if blocks is None else blocks, start, end)
+    proposer.observe(states[start:end], positions, slots, [0, end - start], [(ids, [], end - start)])
 
 
 def _count_passes(proposer: EagleProposer) -> list[list[tuple[int, int]]]:
@@ -69,27 +69,66 @@ def _count_passes(proposer: EagleProposer) -> list[list[tuple[int, int]]]:
     return passes
 
 
+def _request(ids: list[int], req_id: str = "r", blocks: list[int] | None = None, num_drafts: int = 1,
+             **kwargs) -> ProposalRequest:
+    return ProposalRequest(req_id, ids, [], num_drafts=num_drafts,
+                           block_ids=list(range(8)) if blocks is None else blocks, **kwargs)
+
+
 def _expected_states(head: TrainableEagle, ids: list[int], states: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return head(torch.tensor([ids[1:]]), states[None, :-1])[0]  # [L - 1, hidden]
 
 
-def test_buffered_positions_run_once_enough_pile_up(setup) -> None:
+def test_the_head_runs_only_when_a_request_drafts(setup) -> None:
     head, draft, ids, states = setup
     length = len(ids)
     expected = _expected_states(head, ids, states)
     proposer = _proposer(draft)
+    passes = _count_passes(proposer)
+    # Two target steps: their states are stored, the head does not run.
     _observe(proposer, ids, states, 0, 20)
-    assert "r" not in proposer._newest and proposer._buffered["r"].count == 20 < FLUSH_TOKENS
-    # The last chunk includes the newest token, which has no successor yet: it stops one short.
-    # The pass writes KV only; the newest position waits for the next draft's catch-up.
     _observe(proposer, ids, states, 20, length)
-    assert "r" not in proposer._newest
-    assert proposer._buffered["r"].start == length - 2 and proposer._buffered["r"].count == 1
-    proposer._catch_up(["r"])
-    position, state = proposer._newest["r"]
+    assert passes == [] and (proposer._kv_tokens < 0).all()
+    # The newest token has no successor yet: the head's newest output is one position before it.
+    # The older positions' KV alone (they are at least SPLIT_ROWS), then the newest.
+    newest = proposer._catch_up([_request(ids)])
+    assert passes == [[(0, length - 2)], [(length - 2, 1)]]
+    position, state = newest["r"]
     assert position == length - 2
     torch.testing.assert_close(state, expected[length - 2], atol=2e-4, rtol=2e-4)
+    assert proposer.num_kv_positions == length - 1 and proposer.kv_only_seconds > 0
+
+
+def test_a_catch_up_runs_only_the_positions_without_head_kv(setup) -> None:
+    head, draft, ids, states = setup
+    expected = _expected_states(head, ids, states)
+    proposer = _proposer(draft)
+    passes = _count_passes(proposer)
+    _observe(proposer, ids[:20], states[:20], 0, 20)
+    proposer.propose([_request(ids[:20], num_drafts=4)])
+    # Two more verified positions (the last real token and one accepted draft): the next catch-up
+    # runs them alone, rewriting the KV the drafts wrote there from predicted states.
+    _observe(proposer, ids[:22], states[:22], 19, 21)
+    passes.clear()
+    newest = proposer._catch_up([_request(ids[:22])])
+    assert passes == [[(19, 2)]]
+    torch.testing.assert_close(newest["r"][1], expected[20], atol=2e-4, rtol=2e-4)
+    # Nothing new: the newest position alone (its output is the first draft).
+    passes.clear()
+    proposer._catch_up([_request(ids[:22])])
+    assert passes == [[(20, 1)]]
+
+
+def test_drafted_positions_forget_their_records(setup) -> None:
+    _, draft, ids, states = setup
+    proposer = _proposer(draft)
+    _observe(proposer, ids[:20], states[:20], 0, 20)
+    proposal = proposer.propose([_request(ids[:20], num_drafts=4)])["r"]
+    assert len(proposal.token_ids) == 4
+    # Verified through position 18; the drafts' feeding steps wrote 19..21 from predicted states.
+    assert (proposer._kv_tokens[:19] == np.asarray(ids[1:20])).all()
+    assert (proposer._kv_tokens[19:] < 0).all()
 
 
 def _rollout(head: TrainableEagle, ids: list[int], states: torch.Tensor, k: int) -> list[int]:
@@ -108,14 +147,17 @@ def _rollout(head: TrainableEagle, ids: list[int], states: torch.Tensor, k: int)
 
 @pytest.mark.parametrize("context", [48, 12, 3])
 def test_drafts_roll_out_predicted_states(setup, context: int) -> None:
-    # 48: the positions' KV was written when they piled up; 12: propose writes all but the
+    # 48: drafted before at 40 (its catch-up wrote the KV of positions up to 38, its drafts 39..41
+    # from predicted states): the catch-up rewrites from 39; 12: propose writes all but the
     # newest one's KV alone, then runs the newest (catch-up and first draft in one pass); 3: a
     # chunk shorter than SPLIT_ROWS runs whole.
     head, draft, ids, states = setup
     ids, states = ids[:context], states[:context]
     proposer = _proposer(draft)
     _observe(proposer, ids, states, 0, context)
-    proposal = proposer.propose([ProposalRequest("r", ids, [], num_drafts=4, block_ids=list(range(8)))])["r"]
+    if context == 48:
+        assert len(proposer.propose([_request(ids[:40], num_drafts=4)])["r"].token_ids) == 4
+    proposal = proposer.propose([_request(ids, num_drafts=4)])["r"]
     assert proposal.token_ids == _rollout(head, ids, states, 4)
 
 
@@ -125,12 +167,12 @@ def _propose_with_floor(draft, ids: list[int], states: torch.Tensor, floor: floa
     proposer = _proposer(draft)
     proposer.calibration = calibration
     _observe(proposer, ids, states, 0, len(ids))
-    proposer._catch_up(["r"])
+    request = _request(ids, num_drafts=4, min_confidence=floor)
+    newest = proposer._catch_up([request])
     forwards = []
     inner = proposer._forward
     proposer._forward = lambda *args, **kwargs: forwards.append(1) or inner(*args, **kwargs)
-    request = ProposalRequest("r", ids, [], num_drafts=4, block_ids=list(range(8)), min_confidence=floor)
-    proposal = proposer.propose([request])["r"]
+    proposal = proposer._draft([request], newest)["r"]
     assert proposer.positions_run == 1 + len(forwards)  # what the controller prices: the first from the catch-up
     return proposal, len(forwards)
 
@@ -178,8 +220,8 @@ def test_kv_only_passes_write_what_full_passes_write(setup, monkeypatch: pytest.
         monkeypatch.setattr("engine.spec_decode.eagle.SPLIT_ROWS", split_rows)
         proposer = _proposer(draft)
         _observe(proposer, ids[:20], states[:20], 0, 20)
-        proposer._catch_up(["r"])
-        written.append((proposer.kv_caches[0][:, :2].clone(), proposer._newest["r"]))
+        newest = proposer._catch_up([_request(ids[:20])])
+        written.append((proposer.kv_caches[0][:, :2].clone(), newest["r"]))
     (kv_split, (pos_split, out_split)), (kv_whole, (pos_whole, out_whole)) = written
     assert pos_split == pos_whole == 18
     # kv [2, blocks, kv heads, BLOCK, head_dim]: positions 0..15 in block 0, 16..18 in block 1's
@@ -190,73 +232,64 @@ def test_kv_only_passes_write_what_full_passes_write(setup, monkeypatch: pytest.
     torch.testing.assert_close(out_split, out_whole, atol=2e-5, rtol=2e-5)
 
 
-def test_finished_requests_leave_head_kv_for_prefix_hits(setup) -> None:
+@pytest.mark.parametrize("drafted", [False, True])
+def test_a_prefix_hit_catches_up_from_a_finished_requests_states(setup, drafted: bool) -> None:
     head, draft, ids, states = setup
     expected = _expected_states(head, ids, states)
-    proposer = _proposer(draft)
-    _observe(proposer, ids[:11], states[:11], 0, 11)  # positions 0..9 buffered
-    proposer.finish("r", [ids[11]])
-    # A new request with the same prefix (the same blocks, as after a prefix-cache hit) computes
-    # only from position 10: its head attends to the finished request's positions 0..9.
-    _observe(proposer, ids, states, 10, len(ids), req_id="s")
-    proposer._catch_up(["s"])
-    position, state = proposer._newest["s"]
-    assert position == len(ids) - 2
-    torch.testing.assert_close(state, expected[len(ids) - 2], atol=2e-4, rtol=2e-4)
-
-
-def test_buffers_ride_along_in_another_requests_flush(setup) -> None:
-    head, draft, ids, states = setup
-    length = len(ids)
-    assert length - 1 >= FLUSH_TOKENS
     proposer = _proposer(draft)
     passes = _count_passes(proposer)
-    _observe(proposer, ids, states, 0, RIDE_TOKENS - 1, req_id="short", blocks=[6, 7])
-    _observe(proposer, ids, states, 0, 21, req_id="r", blocks=[0, 1, 2])
-    assert passes == []  # nothing due yet
-    _observe(proposer, ids, states, 0, length, req_id="s", blocks=[3, 4, 5])
-    # s is due; r (21 buffered) rides along in the same pass; "short" (under RIDE_TOKENS) waits.
-    assert passes == [[(0, 20), (0, length - 2)]]
-    assert proposer._buffered["r"].start == 20 and proposer._buffered["r"].count == 1
-    assert proposer._buffered["short"].count == RIDE_TOKENS - 1
-    expected = _expected_states(head, ids, states)
-    proposer._catch_up(["r", "s"])
-    torch.testing.assert_close(proposer._newest["r"][1], expected[20], atol=2e-4, rtol=2e-4)
-    torch.testing.assert_close(proposer._newest["s"][1], expected[length - 2], atol=2e-4, rtol=2e-4)
+    _observe(proposer, ids[:BLOCK + 1], states[:BLOCK + 1], 0, BLOCK + 1)  # states of positions 0..16
+    if drafted:  # head KV for positions 0..15, and 16..18 from predicted states
+        proposer.propose([_request(ids[:BLOCK + 1], num_drafts=4)])
+    proposer.finish("r", [ids[BLOCK + 1]])
+    # A new request with the same prefix in the same blocks (a prefix-cache hit of one block, so
+    # the target computes from position 16): its head reads the finished request's states.
+    _observe(proposer, ids, states, BLOCK, len(ids))
+    passes.clear()
+    newest = proposer._catch_up([_request(ids, "s")])
+    start = BLOCK if drafted else 0
+    assert passes == [[(start, len(ids) - 2 - start)], [(len(ids) - 2, 1)]]
+    torch.testing.assert_close(newest["s"][1], expected[len(ids) - 2], atol=2e-4, rtol=2e-4)
 
 
-def test_a_drafts_catch_up_takes_no_riders(setup) -> None:
-    """The controller bills a catch-up to the draft model: other requests' upkeep stays out."""
+def test_positions_without_states_are_skipped(setup) -> None:
+    """Blocks cached before this head was built (set_speculative_method builds a new one) hold
+    no states for it: it drafts from the positions it has."""
     _, draft, ids, states = setup
     proposer = _proposer(draft)
     passes = _count_passes(proposer)
-    _observe(proposer, ids, states, 0, 21, req_id="r", blocks=[0, 1, 2])
-    _observe(proposer, ids, states, 0, 11, req_id="s", blocks=[3, 4, 5])
-    proposer._catch_up(["s"])
-    assert passes == [[(0, 10)], [(10, 1)]]  # s's older positions (KV only), then its newest
-    assert proposer._buffered["r"].count == 21
+    _observe(proposer, ids, states, BLOCK, len(ids))
+    proposer._catch_up([_request(ids)])
+    assert passes == [[(BLOCK, len(ids) - 2 - BLOCK)], [(len(ids) - 2, 1)]]
 
 
-@pytest.mark.parametrize("reused", [False, True])
-def test_finished_leftovers_share_a_pass_unless_their_blocks_are_rewritten(setup, reused: bool) -> None:
-    head, draft, ids, states = setup
+def test_requests_sharing_a_block_keep_each_others_kv_at_its_last_slot(setup) -> None:
+    """The KV at a block's last slot reads the next block's first token: two requests that share
+    the block and then differ would otherwise rewrite each other's KV from there at every step."""
+    _, draft, ids, states = setup
+    assert len(ids) > BLOCK + 4
     proposer = _proposer(draft)
     passes = _count_passes(proposer)
-    _observe(proposer, ids[:11], states[:11], 0, 11, blocks=[0, 1, 2])  # positions 0..9 buffered
-    proposer.finish("r", [ids[11]])
-    assert passes == []  # they run in the next step's pass
-    # Another text (the head is a function of its tokens and states): in the finished request's
-    # blocks once they went to it, or in blocks of its own.
-    other_ids, other_states = ids[::-1], states.flip(0)
-    length = len(other_ids)
-    _observe(proposer, other_ids, other_states, 0, length, req_id="s", blocks=[0, 1, 2] if reused else [3, 4, 5])
-    if reused:  # the finished request's writes first, in a pass of their own: the new owner's win
-        assert passes == [[(0, 10)], [(0, length - 2)]]
-    else:
-        assert passes == [[(0, 10), (0, length - 2)]]
-    proposer._catch_up(["s"])
-    expected = _expected_states(head, other_ids, other_states)
-    torch.testing.assert_close(proposer._newest["s"][1], expected[length - 2], atol=2e-4, rtol=2e-4)
+    # r: the text; s: the same first block (shared), its own second block with other tokens.
+    other = ids[:BLOCK] + ids[BLOCK:][::-1]
+    _observe(proposer, ids, states, 0, len(ids), blocks=[0, 1, 2])
+    _observe(proposer, other, states, BLOCK, len(other), blocks=[0, 3, 4])
+    r, s = _request(ids, blocks=[0, 1, 2]), _request(other, "s", blocks=[0, 3, 4])
+    proposer._catch_up([r])
+    proposer._catch_up([s])  # writes the shared block's last slot for its own successor
+    passes.clear()
+    proposer._catch_up([r, s])
+    assert passes == [[(len(ids) - 2, 1), (len(other) - 2, 1)]]  # the newest positions alone
+
+
+def test_fresh_blocks_forget_their_states_and_kv(setup) -> None:
+    _, draft, ids, states = setup
+    proposer = _proposer(draft)
+    _observe(proposer, ids[:20], states[:20], 0, 20)
+    proposer.propose([_request(ids[:20], num_drafts=2)])
+    proposer.forget_blocks([0])  # another request's now
+    assert (proposer._kv_tokens[:BLOCK] < 0).all() and (proposer._state_tokens[:BLOCK] < 0).all()
+    assert (proposer._state_tokens[BLOCK: 20] >= 0).all()
 
 
 def test_no_drafts_without_an_observed_state(setup) -> None:
@@ -294,8 +327,7 @@ def _full_and_held(setup, tmp_path, held: str):
     for draft in (full, held_draft):
         proposer = _proposer(draft)
         _observe(proposer, ids, states, 0, len(ids))
-        proposer._catch_up(["r"])
-        newest.append(proposer._newest["r"][1])
+        newest.append(proposer._catch_up([_request(ids)])["r"][1])
     return full, held_draft, newest
 
 
