@@ -29,6 +29,10 @@ KV at a block's last slot reads the first token of the next block, which request
 block need not share; a record there that is another token is taken as valid (a key of one
 position written for another successor, which changes drafts, never the output), or two
 requests sharing a system prompt would rewrite each other's KV from there on at every step.
+Each request remembers how far its KV was valid at its last catch-up, so a step checks only the
+records of its newest positions. Positions whose states the head never got (blocks cached
+before it was built: set_speculative_method builds a new one) are skipped: their KV stays as it
+is, which only costs drafts.
 
 A catch-up of SPLIT_ROWS positions or more writes all but its newest one with a KV-only pass
 (the fc projection, the norm and k/v, without attention or MLP: 3-5x cheaper per position on a
