@@ -118,6 +118,7 @@ def eagle_rollout_matches(proposer: Any, states: torch.Tensor, prompt: list[int]
     step's states; each start's catch-up then writes the head's KV from them up to its context
     (the first start over the prompt, each later one over one more position, rewriting what
     the previous start's drafts wrote from predicted states)."""
+    from engine.spec_decode.draft_model import position_slots
     from engine.spec_decode.proposer import ProposalRequest
 
     sequence = prompt + continuation
@@ -126,7 +127,7 @@ def eagle_rollout_matches(proposer: Any, states: torch.Tensor, prompt: list[int]
     proposer.finish("eval", None)  # a new sequence in the same blocks
     proposer.forget_blocks(block_ids)
     positions = np.arange(length)
-    proposer.observe(states, positions, proposer._slots(block_ids, 0, length), [0, length], [(sequence, [], length)])
+    proposer.observe(states, positions, position_slots(block_ids, proposer.block_size, 0, length), [0, length], [(sequence, [], length)])
     matches: list[list[bool]] = []
     for t in range(len(continuation)):
         newest = len(prompt) + t - 1  # the context's last token; the head's newest output is before it

@@ -194,6 +194,18 @@ def load_draft_model(path: str, target: LlamaForCausalLM, target_arch: ArchConfi
                       head_scales, fc_scales)
 
 
+def position_slots(block_ids: list[int], block_size: int, start: int, end: int) -> np.ndarray:
+    """The slots of positions [start, end) of a request whose block table is block_ids: [end - start] int64."""
+    positions = np.arange(start, end, dtype=np.int64)
+    blocks = np.asarray(block_ids, dtype=np.int64)[positions // block_size]
+    return blocks * block_size + positions % block_size
+
+
+def block_slots(block_ids: list[int], block_size: int) -> np.ndarray:
+    """Every slot of the blocks: [len(block_ids) * block_size] int64."""
+    return (np.asarray(block_ids, dtype=np.int64)[:, None] * block_size + np.arange(block_size)).reshape(-1)
+
+
 def _check_vocab(arch: ArchConfig, target_arch: ArchConfig, path: str) -> None:
     if arch.vocab_size != target_arch.vocab_size:
         raise ValueError(f"draft {path!r} has a vocabulary of {arch.vocab_size} tokens, the target "
@@ -229,18 +241,11 @@ class DraftModelProposer:
 
     def forget_blocks(self, block_ids: list[int]) -> None:
         """Blocks just allocated afresh: whatever draft KV they hold belongs to another context."""
-        if block_ids:
-            slots = np.asarray(block_ids, dtype=np.int64)[:, None] * self.block_size + np.arange(self.block_size)
-            self._kv_tokens[slots.reshape(-1)] = -1
-
-    def _slots(self, block_ids: list[int], start: int, end: int) -> np.ndarray:  # [end - start] int64
-        positions = np.arange(start, end, dtype=np.int64)
-        blocks = np.asarray(block_ids, dtype=np.int64)[positions // self.block_size]
-        return blocks * self.block_size + positions % self.block_size
+        self._kv_tokens[block_slots(block_ids, self.block_size)] = -1
 
     def _first_stale(self, request: ProposalRequest, context: np.ndarray) -> int:
         """The first position (< len(context)) whose draft KV is not valid for this request."""
-        recorded = self._kv_tokens[self._slots(request.block_ids, 0, len(context))]
+        recorded = self._kv_tokens[position_slots(request.block_ids, self.block_size, 0, len(context))]
         mismatch = np.flatnonzero(recorded != context)
         return int(mismatch[0]) if mismatch.size else len(context)
 
@@ -274,7 +279,7 @@ class DraftModelProposer:
         last_rows = torch.tensor(np.cumsum(query_lens) - 1, device=self.device)
         next_ids, next_probs = self._greedy(hidden.index_select(0, last_rows))
         for r, start, chunk in zip(active, starts, chunks):
-            self._kv_tokens[self._slots(r.block_ids, start, start + len(chunk))] = chunk
+            self._kv_tokens[position_slots(r.block_ids, self.block_size, start, start + len(chunk))] = chunk
         current = {}
         # Confidence (calibration.py): a request's drafts stop where the chance that all survive
         # falls below its min_confidence (its first is always kept), and another position runs
@@ -300,7 +305,7 @@ class DraftModelProposer:
                                    [position[i] + 1 for i in ids])  # [n, hidden]
             for r in active:
                 at = position[r.req_id]
-                self._kv_tokens[self._slots(r.block_ids, at, at + 1)] = current[r.req_id]
+                self._kv_tokens[position_slots(r.block_ids, self.block_size, at, at + 1)] = current[r.req_id]
             tokens, probs = self._greedy(hidden)
             for r, token, prob in zip(active, tokens, probs):
                 position[r.req_id] += 1  # the KV of the draft fed back is written either way
@@ -316,7 +321,7 @@ class DraftModelProposer:
             written = position[r.req_id] - 1 if drafts[r.req_id] else position[r.req_id]
             end = len(r.block_ids) * self.block_size
             if written + 1 < end:
-                self._kv_tokens[self._slots(r.block_ids, written + 1, end)] = -1
+                self._kv_tokens[position_slots(r.block_ids, self.block_size, written + 1, end)] = -1
         self.positions_run = step
         return {req_id: chances.proposal(req_id, tokens) for req_id, tokens in drafts.items()}
 

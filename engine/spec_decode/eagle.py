@@ -62,7 +62,7 @@ import torch
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.spec_decode.calibration import ConfidenceCalibration, DraftChances
-from engine.spec_decode.draft_model import DraftModel, top_draft_tokens_with_prob
+from engine.spec_decode.draft_model import DraftModel, block_slots, position_slots, top_draft_tokens_with_prob
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 
@@ -110,7 +110,6 @@ class EagleProposer:
         self.states = torch.zeros(num_slots, draft.arch.hidden_size, dtype=dtype, device=device)  # [slots, hidden]
         self._state_tokens = np.full(num_slots, -1, dtype=np.int64)  # token p of the state at p's slot
         self._kv_tokens = np.full(num_slots, -1, dtype=np.int64)  # token p + 1 of the head's KV at p's slot
-        self._block_last = np.arange(num_slots) % block_size == block_size - 1  # [slots] a block's last slot
         self._valid_through: dict[str, int] = {}  # req_id -> positions [0, n) with valid KV at its last catch-up
         self.num_kv_positions = 0  # positions the head wrote KV for from target states (diagnostics)
         self.kv_only_seconds = 0.0  # the last propose's KV-only passes (not billed to its drafts)
@@ -129,16 +128,9 @@ class EagleProposer:
 
     def forget_blocks(self, block_ids: list[int]) -> None:
         """Blocks just allocated afresh: their states and head KV belong to another context."""
-        if block_ids:
-            slots = (np.asarray(block_ids, dtype=np.int64)[:, None] * self.block_size
-                     + np.arange(self.block_size)).reshape(-1)
-            self._state_tokens[slots] = -1
-            self._kv_tokens[slots] = -1
-
-    def _slots(self, block_ids: list[int], start: int, end: int) -> np.ndarray:  # [end - start] int64
-        positions = np.arange(start, end, dtype=np.int64)
-        blocks = np.asarray(block_ids, dtype=np.int64)[positions // self.block_size]
-        return blocks * self.block_size + positions % self.block_size
+        slots = block_slots(block_ids, self.block_size)
+        self._state_tokens[slots] = -1
+        self._kv_tokens[slots] = -1
 
     def _forward(self, input_ids: torch.Tensor, states: torch.Tensor, positions: torch.Tensor,
                  meta: AttentionMetadata, *, kv_only: bool = False) -> torch.Tensor | None:
@@ -171,11 +163,11 @@ class EagleProposer:
         if not rows:
             return
         row_index = np.concatenate(rows)
-        slots = torch.from_numpy(slot_mapping[row_index]).to(self.device)
+        slots = slot_mapping[row_index]
         verified = hidden if len(row_index) == hidden.shape[0] else hidden.index_select(
             0, torch.from_numpy(row_index).to(hidden.device))  # (rows in order: all of them, or some)
-        self.states.index_copy_(0, slots, verified.to(self.dtype))
-        self._state_tokens[slot_mapping[row_index]] = np.concatenate(tokens)
+        self.states.index_copy_(0, torch.from_numpy(slots).to(self.device), verified.to(self.dtype))
+        self._state_tokens[slots] = np.concatenate(tokens)
 
     def _catch_up(self, requests: list[ProposalRequest]) -> dict[str, tuple[int, torch.Tensor]]:
         """Runs the head over each request's positions without valid KV, through its newest
@@ -193,9 +185,10 @@ class EagleProposer:
             # request's own later writes (drafts, past it) or a shared block's last slot change.
             begin = min(self._valid_through.get(r.req_id, 0), newest)
             context = _tokens(r.prompt_token_ids, r.output_token_ids, begin, newest + 2)  # tokens begin..P+1
-            slots = self._slots(r.block_ids, begin, newest + 1)  # positions begin..P
+            slots = position_slots(r.block_ids, self.block_size, begin, newest + 1)  # positions begin..P
             recorded = self._kv_tokens[slots]
-            stale = np.flatnonzero((recorded != context[1:]) & ~((recorded >= 0) & self._block_last[slots]))
+            block_last = slots % self.block_size == self.block_size - 1
+            stale = np.flatnonzero((recorded != context[1:]) & ~((recorded >= 0) & block_last))
             start = min(int(stale[0]) if stale.size else newest - begin, newest - begin)  # P runs always
             missing = np.flatnonzero(self._state_tokens[slots[start:]] != context[start:-1])
             if missing.size:
@@ -306,7 +299,7 @@ class EagleProposer:
         for r in requests:  # KV written from predicted states: the next catch-up rewrites it
             if r.req_id in predicted:
                 at = position[r.req_id]
-                self._kv_tokens[self._slots(r.block_ids, at + 1, at + 1 + predicted[r.req_id])] = -1
+                self._kv_tokens[position_slots(r.block_ids, self.block_size, at + 1, at + 1 + predicted[r.req_id])] = -1
         return {req_id: chances.proposal(req_id, tokens, alternatives.get(req_id))
                 for req_id, tokens in drafts.items()}
 

@@ -15,7 +15,7 @@ from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.calibration import ConfidenceCalibration
 from engine.model.layers.quant_linear import Bf16WeightLinear, Int8WeightLinear
-from engine.spec_decode.draft_model import _draft_logits, load_draft_model
+from engine.spec_decode.draft_model import _draft_logits, load_draft_model, position_slots
 from engine.spec_decode.eagle import SPLIT_ROWS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 
@@ -51,7 +51,7 @@ def _observe(proposer: EagleProposer, ids: list[int], states: torch.Tensor, star
              blocks: list[int] | None = None) -> None:
     """One target step that computed positions [start, end) of a request whose prompt is ids."""
     positions = np.arange(start, end)
-    slots = proposer._slots(list(range(8)) if blocks is None else blocks, start, end)
+    slots = position_slots(list(range(8)) if blocks is None else blocks, BLOCK, start, end)
     proposer.observe(states[start:end], positions, slots, [0, end - start], [(ids, [], end - start)])
 
 
