@@ -147,27 +147,28 @@ class EagleProposer:
             return None
         return model.run_layers(hidden, positions, self.kv_caches, meta)  # the layer and the final norm
 
-    def observe(self, hidden: torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray,
-                query_start_loc: list[int], requests: list[tuple[list[int], list[int], int]]) -> None:
-        """After a target step: hidden [num_tokens, hidden] its final states, positions and
-        slot_mapping [num_tokens] its rows', query_start_loc its rows per request; requests, in
-        row order: (prompt ids, output ids (this step's tokens included), number of its scheduled
-        positions whose states are verified: its first rows). Stores those states at their slots."""
-        rows, tokens = [], []
-        for i, (prompt, output, num_valid) in enumerate(requests):
-            if num_valid > 0:
-                first = query_start_loc[i]
-                start = int(positions[first])
-                rows.append(np.arange(first, first + num_valid))
-                tokens.append(_tokens(prompt, output, start, start + num_valid))
-        if not rows:
+    def observe(self, hidden: torch.Tensor, tokens: np.ndarray, slot_mapping: np.ndarray,
+                query_start_loc: list[int], num_verified: list[int]) -> None:
+        """After a target step: hidden [num_tokens (+ more rows), hidden] its final states;
+        tokens and slot_mapping [num_tokens] its rows' tokens (the token at the row's position:
+        the input, or the runner-up accepted in its place) and slots; query_start_loc its rows per
+        request; num_verified, per request, how many of its rows hold verified states: its first
+        ones (the real tokens and the accepted drafts). Stores those states at their slots."""
+        total = sum(num_verified)
+        if total == 0:
             return
-        row_index = np.concatenate(rows)
-        slots = slot_mapping[row_index]
-        verified = hidden if len(row_index) == hidden.shape[0] else hidden.index_select(
-            0, torch.from_numpy(row_index).to(hidden.device))  # (rows in order: all of them, or some)
+        if total == len(slot_mapping):
+            # Every row (each request's verified rows are its first ones, and they add up to all
+            # of them): the common decode step, without index arithmetic.
+            slots, row_tokens, verified = slot_mapping, tokens, hidden[:total]
+        else:  # rows first_i .. first_i + count_i - 1 of each request, in order
+            counts = np.asarray(num_verified, dtype=np.int64)
+            firsts = np.asarray(query_start_loc[: len(counts)], dtype=np.int64)
+            row_index = np.arange(total, dtype=np.int64) + np.repeat(firsts - (np.cumsum(counts) - counts), counts)
+            slots, row_tokens = slot_mapping[row_index], tokens[row_index]
+            verified = hidden.index_select(0, torch.from_numpy(row_index).to(hidden.device))
         self.states.index_copy_(0, torch.from_numpy(slots).to(self.device), verified.to(self.dtype))
-        self._state_tokens[slots] = np.concatenate(tokens)
+        self._state_tokens[slots] = row_tokens
 
     def _catch_up(self, requests: list[ProposalRequest]) -> dict[str, tuple[int, torch.Tensor]]:
         """Runs the head over each request's positions without valid KV, through its newest

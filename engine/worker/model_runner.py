@@ -293,7 +293,7 @@ class ModelRunner:
             )
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
-            if draft is not None:
+            if draft is not None and cached.new_block_ids:  # (most steps add no block: skip the numpy calls)
                 draft.forget_blocks(cached.new_block_ids)
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
@@ -333,6 +333,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens (+ pair rows), hidden]
 
         sampled_token_ids: list[list[int]] = [[] for _ in req_ids]
+        row_tokens = step.input_ids  # [num_tokens] the token at each row's position (for an EAGLE head)
         logprobs: list | None = None
         spec_token_ids: dict[str, list[int]] | None = None
         if step.sample_rows:
@@ -348,7 +349,9 @@ class ModelRunner:
                 tokens, row_logprobs = self._sample(logits, sample_states, token_bitmasks)
             bonus = {}
             if paired is not None:
-                bonus = self._accept_alternatives(paired, logits[num_chain_rows:], sample_states, tokens, hidden)
+                row_tokens = step.input_ids.copy()  # the accepted runners-up's rows change token
+                bonus = self._accept_alternatives(paired, logits[num_chain_rows:], sample_states, tokens, hidden,
+                                                  row_tokens)
             if row_logprobs is not None:
                 logprobs = [None] * len(req_ids)
             for i, (row, state) in enumerate(zip(step.sample_rows, sample_states)):
@@ -363,7 +366,7 @@ class ModelRunner:
                 if row_logprobs is not None and row_logprobs[i] is not None and row_logprobs[i][0] is not None:
                     logprobs[row] = row_logprobs[i]
         if self.spec is not None and isinstance(self.spec.draft, EagleProposer):
-            self._observe_eagle(self.spec.draft, hidden, step, req_ids, sampled_token_ids, num_step_drafts)
+            self._observe_eagle(self.spec.draft, hidden, step, row_tokens, sampled_token_ids, num_step_drafts)
         if step.sample_rows:
             if self.spec is not None:
                 # The price list of the next drafts: what this step cost for its tokens (before
@@ -393,11 +396,12 @@ class ModelRunner:
 
     def _accept_alternatives(self, paired: PairedInputs, pair_logits: torch.Tensor,
                              states: list[CachedRequestState], tokens: list[list[int]],
-                             hidden: torch.Tensor) -> dict[int, int]:
+                             hidden: torch.Tensor, row_tokens: np.ndarray) -> dict[int, int]:
         """After verification: for each request whose target token at P + 1 is one of its
         runners-up, the bonus token after it (by sampling index), sampled from the runner-up's row
         as plain decoding would; its KV moves into the request's slot and its state into c1's row
-        (for an EAGLE head). pair_logits: [len(pairs), vocab]."""
+        (for an EAGLE head), with its token in row_tokens ([num_tokens], the step's input ids).
+        pair_logits: [len(pairs), vocab]."""
         accepted: list[tuple[int, int]] = []  # (pair index, sampling index)
         verified: dict[int, list[int]] = {}
         for index, pair in enumerate(paired.pairs):
@@ -418,24 +422,22 @@ class ModelRunner:
         copy_slots(self.kv_caches, [p.leaf_slot for p in chosen], [p.target_slot for p in chosen], self.block_size)
         for pair in chosen:
             hidden[pair.x0_row + 1] = hidden[pair.leaf_row]
+            row_tokens[pair.x0_row + 1] = pair.token
         self.num_accepted_alternatives += len(accepted)
         return {i: token for (_, i), token in zip(accepted, bonus)}
 
-    def _observe_eagle(self, eagle: EagleProposer, hidden: torch.Tensor, step, req_ids: list[str],
+    def _observe_eagle(self, eagle: EagleProposer, hidden: torch.Tensor, step, row_tokens: np.ndarray,
                        sampled_token_ids: list[list[int]], num_step_drafts: list[int]) -> None:
         """Hands the EAGLE head the states of the positions this step verified: every scheduled
         position, less the drafts the target rejected (it stores them; engine/spec_decode/eagle.py)."""
-        requests = []
-        for row, req_id in enumerate(req_ids):
-            state = self.requests[req_id]
-            num_scheduled = step.query_start_loc[row + 1] - step.query_start_loc[row]
-            num_valid = num_scheduled
-            if sampled_token_ids[row]:
-                # Scheduled: the real tokens, then k drafts; verified: the real ones and the
-                # len(sampled) - 1 drafts accepted.
-                num_valid = num_scheduled - num_step_drafts[row] + len(sampled_token_ids[row]) - 1
-            requests.append((state.prompt_token_ids, state.output_token_ids, num_valid))
-        eagle.observe(hidden, step.positions, step.slot_mapping, step.query_start_loc, requests)
+        starts = step.query_start_loc
+        num_verified = []
+        for row, sampled in enumerate(sampled_token_ids):
+            num_scheduled = starts[row + 1] - starts[row]
+            # Scheduled: the real tokens, then k drafts; verified: the real ones and the
+            # len(sampled) - 1 drafts accepted.
+            num_verified.append(num_scheduled - num_step_drafts[row] + len(sampled) - 1 if sampled else num_scheduled)
+        eagle.observe(hidden, row_tokens, step.slot_mapping, starts, num_verified)
 
     def _sampling_metadata(self, states: list[CachedRequestState], outputs: list[list[int]],
                            bitmask_rows: list[np.ndarray | None] | None = None) -> SamplingMetadata:

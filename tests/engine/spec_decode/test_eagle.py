@@ -50,9 +50,8 @@ def _proposer(draft) -> EagleProposer:
 def _observe(proposer: EagleProposer, ids: list[int], states: torch.Tensor, start: int, end: int,
              blocks: list[int] | None = None) -> None:
     """One target step that computed positions [start, end) of a request whose prompt is ids."""
-    positions = np.arange(start, end)
     slots = position_slots(list(range(8)) if blocks is None else blocks, BLOCK, start, end)
-    proposer.observe(states[start:end], positions, slots, [0, end - start], [(ids, [], end - start)])
+    proposer.observe(states[start:end], np.asarray(ids[start:end], dtype=np.int64), slots, [0, end - start], [end - start])
 
 
 def _count_passes(proposer: EagleProposer) -> list[list[tuple[int, int]]]:

@@ -11,6 +11,7 @@ from engine import LLM, SamplingParams
 from engine.config import SpeculativeConfig
 from engine.model.resolve import SHIPPED_DRAFT_DIR, embedded_gguf_path
 from engine.protocol import AddRequest
+from engine.spec_decode.draft_model import position_slots
 from engine.worker.model_runner import auto_dtype, resolve_draft_dtype
 
 PROMPTS = [
@@ -238,6 +239,34 @@ def test_runners_up_keep_greedy_output_identical(schedule: str, reference: list[
     stats = llm.stats()
     assert stats.spec_num_accepted_alternatives > 0
     assert stats.kv_cache_usage == 0.0 and stats.num_running == 0
+
+
+def test_the_head_records_each_verified_position_with_its_own_token() -> None:
+    """After every step the EAGLE head holds, at each position of a decoding request that the
+    target verified, a state recorded with that position's token, also where the target took a
+    runner-up in place of the first draft (the runner hands over the runner-up's state and token
+    for that row, not the rejected draft's)."""
+    llm = LLM(dtype="float32", speculative="draft", draft=SHIPPED_DRAFT_DIR, num_speculative_tokens=2,
+              adaptive_speculation=False, kv_cache_memory="64MiB")
+    runner = llm.engine.runner
+    head = runner.spec.draft
+    checked = []
+    execute = runner.execute_model
+
+    def checking(*args, **kwargs):
+        out = execute(*args, **kwargs)
+        for state in runner.requests.values():
+            if not state.output_token_ids:
+                continue  # still prefilling
+            tokens = state.prompt_token_ids + state.output_token_ids
+            slots = position_slots(state.block_ids, runner.block_size, 0, len(tokens) - 1)  # the newest: not fed yet
+            assert head._state_tokens[slots].tolist() == tokens[:-1]
+            checked.append(len(slots))
+        return out
+
+    runner.execute_model = checking
+    llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert checked and llm.stats().spec_num_accepted_alternatives > 0
 
 
 def test_runners_up_keep_seeded_sampling_identical() -> None:
