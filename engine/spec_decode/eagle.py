@@ -63,6 +63,7 @@ import torch
 from engine.model.attention_metadata import AttentionMetadata
 from engine.spec_decode.calibration import ConfidenceCalibration, DraftChances
 from engine.spec_decode.draft_model import DraftModel, block_slots, position_slots, top_draft_tokens_with_prob
+from engine.spec_decode.eagle_compiled import CompiledEagleHead
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 
@@ -119,6 +120,10 @@ class EagleProposer:
         # The chance the target accepts a draft, given the head's probability of it: learnt by
         # the controller, which sets it here (None: the probability itself).
         self.calibration: ConfidenceCalibration | None = None
+        # Its passes and greedy tokens in one compiled call each where that applies
+        # (eagle_compiled.py); built on first use (None: the Python path).
+        self._compiled: CompiledEagleHead | None = None
+        self._compiled_built = False
 
     @staticmethod
     def kv_bytes_per_block(draft: DraftModel, block_size: int, dtype: torch.dtype) -> int:
@@ -137,6 +142,11 @@ class EagleProposer:
         """input_ids [n] (token t + 1), states [n, hidden] (state at t), positions [n] (t)
         -> predicted states [n, hidden]; kv_only: only writes the head's KV there (returns
         None), skipping the attention, the MLP and the norm."""
+        if not kv_only:
+            compiled = self._compiled_head()
+            out = compiled.forward(input_ids, states, positions, meta) if compiled is not None else None
+            if out is not None:
+                return out
         model = self.draft.model
         embedded = model.embed_tokens(input_ids)  # [n, hidden]
         joined = torch.cat([embedded, states.to(embedded.dtype)], dim=-1)  # [n, 2 * hidden]
@@ -146,6 +156,22 @@ class EagleProposer:
             model.layers[0].store_kv(hidden, cos, sin, self.kv_caches[0], meta)
             return None
         return model.run_layers(hidden, positions, self.kv_caches, meta)  # the layer and the final norm
+
+    def _compiled_head(self) -> CompiledEagleHead | None:
+        if not self._compiled_built:
+            self._compiled = CompiledEagleHead.build(self.draft, self.kv_caches, self.device, self.dtype)
+            self._compiled_built = True
+        return self._compiled
+
+    def _top1(self, states: torch.Tensor) -> tuple[list[int], list[float]]:
+        """states [n, hidden] -> each row's greedy draft token and its probability."""
+        compiled = self._compiled_head()
+        found = compiled.top1(states) if compiled is not None else None
+        if found is None:
+            top, best_prob = top_draft_tokens_with_prob(self.draft, states, 1)
+            return top[:, 0].tolist(), best_prob.tolist()
+        tokens, probs = found
+        return tokens.tolist(), probs.tolist()
 
     def observe(self, hidden: torch.Tensor, tokens: np.ndarray, slot_mapping: np.ndarray,
                 query_start_loc: list[int], num_verified: list[int]) -> None:
@@ -262,10 +288,14 @@ class EagleProposer:
         states = torch.stack([state[r.req_id] for r, _ in active])  # [n, hidden]
         # The first position's runners-up are the head's next most likely tokens (one top-k).
         width = 1 + max(r.num_alternatives for r, _ in active)
-        top, best_prob = top_draft_tokens_with_prob(self.draft, states, width)
-        top_rows, probs = top.tolist(), best_prob.tolist()  # [n, width], [n]
-        tokens = [row[0] for row in top_rows]
-        alternatives = {r.req_id: row[1: 1 + r.num_alternatives] for (r, _), row in zip(active, top_rows)}
+        if width == 1:
+            tokens, probs = self._top1(states)
+            alternatives = {}
+        else:
+            top, best_prob = top_draft_tokens_with_prob(self.draft, states, width)
+            top_rows, probs = top.tolist(), best_prob.tolist()  # [n, width], [n]
+            tokens = [row[0] for row in top_rows]
+            alternatives = {r.req_id: row[1: 1 + r.num_alternatives] for (r, _), row in zip(active, top_rows)}
         chances = DraftChances(self.calibration, [r.req_id for r, _ in active])
         predicted: dict[str, int] = {}  # req_id -> positions after P it wrote KV at
         step = 1
@@ -293,8 +323,7 @@ class EagleProposer:
             states = self._forward(inputs, states, torch.tensor(at, dtype=torch.int64, device=self.device), meta)
             for r, _ in active:
                 predicted[r.req_id] = step
-            top, best_prob = top_draft_tokens_with_prob(self.draft, states, 1)
-            tokens, probs = top[:, 0].tolist(), best_prob.tolist()
+            tokens, probs = self._top1(states)
             step += 1
         self.positions_run = step
         for r in requests:  # KV written from predicted states: the next catch-up rewrites it

@@ -66,6 +66,23 @@ _DECODER_LAYERS_ARGS = [
 ]
 
 
+_EAGLE_FORWARD_ARGS = [
+    _ptr, _ptr, _i64, _ptr, _i64,  # token ids, embedding, vocab size, states, their row stride
+    _ptr, _i64, _ptr, _ptr, _ptr,  # fc weight, its dtype code, its scales, the layer (DecoderLayerWeights), final norm
+    _ptr, _i64, _ptr,  # the rotary table, its rows, positions
+    _ptr, _ptr, _i64, _i64,  # slot_mapping, block_table, its row stride, max blocks per request
+    _ptr, _ptr, _i64, _i64,  # query_start_loc, seq_lens, num_reqs, num_tokens
+    _i64, _i64, _i64, _i64, _i64,  # hidden, num_heads, num_kv_heads, head_dim, intermediate
+    _i64, _i64, _f64, _f64, _i32,  # num_blocks, block_size, scale, eps, num_threads
+    _ptr, ctypes.c_char_p, _i64,  # out, error buffer, its length
+]
+_DRAFT_TOP1_ARGS = [
+    _ptr, _i64, _i64, _ptr, _i64, _ptr,  # x, rows, hidden, weight, its dtype code, its scales
+    _i64, _ptr, _i32, _ptr, _ptr,  # vocabulary rows, their target ids, num_threads, tokens out, probs out
+    ctypes.c_char_p, _i64,  # error buffer, its length
+]
+
+
 class DecoderLayerWeights(ctypes.Structure):
     """One decoder layer's tensors for decoder_layers (kernels/cpu/decoder_layers.cpp's struct of
     the same name; every field 8 bytes). Addresses only: the caller keeps the tensors alive."""
@@ -134,6 +151,8 @@ class CpuKernels:
             torch.int8: self._bind("draftgate_skinny_linear_int8", _SKINNY_LINEAR_INT8_ARGS),
         }
         self._decoder_layers = self._bind("draftgate_decoder_layers", _DECODER_LAYERS_ARGS)
+        self._eagle_forward = self._bind("draftgate_eagle_forward", _EAGLE_FORWARD_ARGS)
+        self._draft_top1 = self._bind("draftgate_draft_top1", _DRAFT_TOP1_ARGS)
 
     def _error_buffer(self) -> ctypes.Array:
         """This thread's buffer for a kernel's error message. One per thread (ctypes releases the
@@ -447,3 +466,77 @@ class CpuKernels:
         if status != 0:
             raise ValueError(f"decoder_layers: {error.value.decode()}")
         return out
+
+    def eagle_forward(
+        self,
+        token_ids: torch.Tensor,  # [num_tokens] int64: each position's next token
+        embedding: torch.Tensor,  # [vocab, hidden] float32, contiguous
+        states: torch.Tensor,  # [num_tokens, hidden] float32, unit column stride: the target's states
+        fc_weight: torch.Tensor,  # [hidden, 2 * hidden] float32, bfloat16 or int8, contiguous
+        fc_scales: torch.Tensor | None,  # [hidden] float32: an int8 fc's
+        layer: ctypes.Array,  # decoder_layer_weights([one layer])
+        final_norm: torch.Tensor,  # [hidden] float32
+        cos_sin_table: torch.Tensor,  # [max_positions, head_dim] float32, contiguous
+        positions: torch.Tensor,  # [num_tokens] int64
+        slot_mapping: torch.Tensor,  # [num_tokens] int64
+        block_table: torch.Tensor,  # [num_reqs, max_blocks_per_req] int32
+        query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
+        seq_lens: torch.Tensor,  # [num_reqs] int32
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        intermediate: int,
+        num_blocks: int,
+        block_size: int,
+        scale: float,
+        eps: float,
+    ) -> torch.Tensor:  # [num_tokens, hidden] float32: the head's predicted states
+        """An EAGLE head's pass in one call (kernels/cpu/eagle_head.cpp): the embedding rows and
+        the states joined, the fc product, the layer and the final norm, through the same kernels
+        as the Python path, bit for bit. The tensors must be the dtypes above, on the CPU, with
+        the strides above (the caller checks once)."""
+        num_tokens, hidden = states.shape
+        out = torch.empty((num_tokens, hidden), dtype=torch.float32)
+        error = self._error_buffer()
+        status = self._eagle_forward(
+            token_ids.data_ptr(), embedding.data_ptr(), embedding.shape[0], states.data_ptr(), states.stride(0),
+            fc_weight.data_ptr(), _WEIGHT_CODES[fc_weight.dtype], None if fc_scales is None else fc_scales.data_ptr(),
+            ctypes.addressof(layer), final_norm.data_ptr(), cos_sin_table.data_ptr(), cos_sin_table.shape[0],
+            positions.data_ptr(), slot_mapping.data_ptr(), block_table.data_ptr(), block_table.stride(0),
+            block_table.shape[1], query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], num_tokens,
+            hidden, num_heads, num_kv_heads, head_dim, intermediate, num_blocks, block_size, scale, eps,
+            torch.get_num_threads(), out.data_ptr(), error, _ERROR_LEN,
+        )
+        if status != 0:
+            raise ValueError(f"eagle_forward: {error.value.decode()}")
+        return out
+
+    def draft_top1(
+        self,
+        x: torch.Tensor,  # [num_rows, hidden] float32, contiguous
+        weight: torch.Tensor,  # [vocab_rows, hidden] float32, bfloat16 or int8, contiguous
+        scales: torch.Tensor | None,  # [vocab_rows] float32: an int8 weight's
+        vocab_ids: torch.Tensor | None,  # [vocab_rows] int64: each row's target token id
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([num_rows] int64 token ids, [num_rows] float32 probabilities)
+        """A draft's greedy token and its softmax probability over the rows of its output head
+        (kernels/cpu/eagle_head.cpp): the logits are the few-row kernel's, the token their first
+        maximum (torch.argmax's), the probability summed in the kernel's own order."""
+        num_rows, hidden = x.shape
+        if (weight.dim() != 2 or weight.shape[1] != hidden or (weight.dtype is torch.int8) != (scales is not None)
+                or (vocab_ids is not None and vocab_ids.shape != (weight.shape[0],))):
+            raise ValueError(f"draft_top1: x {tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}, "
+                             f"scales {scales is not None}, vocab_ids "
+                             f"{None if vocab_ids is None else tuple(vocab_ids.shape)} do not match")
+        tokens = torch.empty(num_rows, dtype=torch.int64)
+        probs = torch.empty(num_rows, dtype=torch.float32)
+        error = self._error_buffer()
+        status = self._draft_top1(
+            x.data_ptr(), num_rows, hidden, weight.data_ptr(), _WEIGHT_CODES[weight.dtype],
+            None if scales is None else scales.data_ptr(), weight.shape[0],
+            None if vocab_ids is None else vocab_ids.data_ptr(), torch.get_num_threads(), tokens.data_ptr(),
+            probs.data_ptr(), error, _ERROR_LEN,
+        )
+        if status != 0:
+            raise ValueError(f"draft_top1: {error.value.decode()}")
+        return tokens, probs
