@@ -22,7 +22,7 @@ from engine.model.layers.mlp import GatedMLP
 from engine.model.layers.quant_linear import Bf16WeightLinear, Int8WeightLinear, PackedLinear
 from engine.model.layers.rms_norm import RMSNorm
 from kernels import small_rows_linear
-from kernels.cpu import CpuKernels, DecoderLayerTensors, cpu_kernels
+from kernels.cpu import CpuKernels, DecoderLayerTensors, DecoderStack, cpu_kernels
 
 
 def _weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
@@ -47,10 +47,10 @@ class FusedDecoder:
         self.final_norm = final_norm
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.intermediate, self.scale, self.eps = intermediate, scale, eps
-        # The C array for the last KV caches seen (they are allocated once per engine), keyed by
-        # their addresses; it holds the tensors it points into.
-        self._array_key: tuple[int, ...] | None = None
-        self._array: ctypes.Array | None = None
+        # The stack (its C array) for the last KV caches seen (they are allocated once per
+        # engine), keyed by their addresses; it holds the tensors it points into.
+        self._stack_key: tuple[int, ...] | None = None
+        self._stack: DecoderStack | None = None
         self._array_tensors: list[DecoderLayerTensors] = []
 
     @staticmethod
@@ -100,11 +100,11 @@ class FusedDecoder:
                             num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate=intermediate, scale=scale,
                             eps=eps)
 
-    def _weights_for(self, kv_caches: list[torch.Tensor]) -> ctypes.Array | None:
+    def _stack_for(self, kv_caches: list[torch.Tensor]) -> DecoderStack | None:
         if not all(isinstance(kv, torch.Tensor) for kv in kv_caches):
             return None  # fp8 caches (FP8KVCache): the layer loop
         key = tuple(kv.data_ptr() for kv in kv_caches)
-        if key != self._array_key:
+        if key != self._stack_key:
             if len(kv_caches) != len(self._layers):
                 return None
             for kv in kv_caches:
@@ -113,9 +113,20 @@ class FusedDecoder:
                     return None
             tensors = [DecoderLayerTensors(k_cache=kv[0], v_cache=kv[1], **layer)
                        for layer, kv in zip(self._layers, kv_caches)]
-            self._array = CpuKernels.decoder_layer_weights(tensors)
-            self._array_tensors, self._array_key = tensors, key
-        return self._array
+            k_cache = kv_caches[0][0]  # [num_blocks, num_kv_heads, block_size, head_dim]
+            self._stack = DecoderStack(CpuKernels.decoder_layer_weights(tensors), self.final_norm,
+                                       num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                                       head_dim=self.head_dim, intermediate=self.intermediate,
+                                       num_blocks=k_cache.shape[0], block_size=k_cache.shape[2], scale=self.scale,
+                                       eps=self.eps)
+            self._array_tensors, self._stack_key = tensors, key
+        return self._stack
+
+    @staticmethod
+    def _meta_tensors(meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
+        """slot_mapping (int64), block_table, query_start_loc and seq_lens (int32), contiguous."""
+        return (meta.slot_mapping.to(torch.int64).contiguous(), meta.block_table.to(torch.int32).contiguous(),
+                meta.query_start_loc.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous())
 
     def run(
         self,
@@ -131,14 +142,35 @@ class FusedDecoder:
         if (not 1 <= num_tokens <= small_rows_linear.SKINNY_MAX_ROWS or hidden.dtype != torch.float32
                 or not hidden.is_cpu or hidden.requires_grad or cos_sin_table.dtype != torch.float32):
             return None
-        array = self._weights_for(kv_caches)
-        if array is None:
+        stack = self._stack_for(kv_caches)
+        if stack is None:
             return None
-        k_cache = kv_caches[0][0]
-        return self.kernels.decoder_layers(
-            array, self.final_norm, hidden.contiguous(), cos_sin_table.index_select(0, positions),
-            meta.slot_mapping.to(torch.int64).contiguous(), meta.block_table.to(torch.int32).contiguous(),
-            meta.query_start_loc.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous(),
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            intermediate=self.intermediate, num_blocks=k_cache.shape[0], block_size=k_cache.shape[2],
-            scale=self.scale, eps=self.eps)
+        return self.kernels.decoder_layers(stack, hidden.contiguous(), cos_sin_table.index_select(0, positions),
+                                           *self._meta_tensors(meta))
+
+    def run_eagle(
+        self,
+        token_ids: torch.Tensor,  # [num_tokens] int64: each position's next token
+        embedding: torch.Tensor,  # [vocab, hidden] float32, contiguous
+        states: torch.Tensor,  # [num_tokens, hidden] float32: the target's states
+        fc_weight: torch.Tensor,  # [hidden, 2 * hidden] float32, bfloat16 or int8, contiguous
+        fc_scales: torch.Tensor | None,  # [hidden] float32: an int8 fc's
+        cos_sin_table: torch.Tensor,  # [max_positions, head_dim] float32, contiguous
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[torch.Tensor],  # the head's one layer's
+        meta: AttentionMetadata,
+    ) -> torch.Tensor | None:  # [num_tokens, hidden] the head's predicted states, or None: not taken
+        """An EAGLE head's pass over this (one-layer) stack in one call: fc([embedding[token_ids];
+        states]) through the layer and the final norm (kernels/cpu/eagle_head.cpp), or None where
+        run would not take it."""
+        num_tokens = states.shape[0]
+        if (not 1 <= num_tokens <= small_rows_linear.SKINNY_MAX_ROWS or states.dtype != torch.float32
+                or not states.is_cpu or len(self._layers) != 1):
+            return None
+        stack = self._stack_for(kv_caches)
+        if stack is None:
+            return None
+        return self.kernels.eagle_forward(stack, token_ids.to(torch.int64).contiguous(), embedding,
+                                          states.contiguous(), fc_weight, fc_scales, cos_sin_table,
+                                          positions.to(torch.int64).contiguous(), *self._meta_tensors(meta))
+

@@ -40,7 +40,7 @@ class CompiledEagleHead:
         model = draft.model
         self.embedding = model.embed_tokens.weight  # [vocab, hidden] float32
         self.cos_sin_table = model.rotary.cos_sin_table  # [max_positions, head_dim] float32
-        self.fused = model._fused_decoder()
+        self.fused = model._fused_decoder()  # (build checked it is there)
         assert draft.fc_weight is not None
         # The greedy token in the call too where the head drafts from a reduced vocabulary.
         self.tops = (draft.head_weight is not None and _held(draft.head_weight, draft.head_scales)
@@ -66,22 +66,8 @@ class CompiledEagleHead:
                 meta: AttentionMetadata) -> torch.Tensor | None:
         """input_ids [n] int64, states [n, hidden] float32, positions [n] int64 -> the head's
         predicted states [n, hidden] (its KV written), or None where the call does not apply."""
-        num_tokens = states.shape[0]
-        if not 1 <= num_tokens <= small_rows_linear.SKINNY_MAX_ROWS or states.dtype != torch.float32:
-            return None
-        fused = self.fused
-        array = fused._weights_for(self.kv_caches)
-        if array is None:
-            return None
-        k_cache = self.kv_caches[0][0]
-        return self.kernels.eagle_forward(
-            input_ids.contiguous(), self.embedding, states.contiguous(), self.draft.fc_weight, self.draft.fc_scales,
-            array, fused.final_norm, self.cos_sin_table, positions.to(torch.int64).contiguous(),
-            meta.slot_mapping.to(torch.int64).contiguous(), meta.block_table.to(torch.int32).contiguous(),
-            meta.query_start_loc.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous(),
-            num_heads=fused.num_heads, num_kv_heads=fused.num_kv_heads, head_dim=fused.head_dim,
-            intermediate=fused.intermediate, num_blocks=k_cache.shape[0], block_size=k_cache.shape[2],
-            scale=fused.scale, eps=fused.eps)
+        return self.fused.run_eagle(input_ids, self.embedding, states, self.draft.fc_weight, self.draft.fc_scales,
+                                    self.cos_sin_table, positions, self.kv_caches, meta)
 
     def top1(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """states [n, hidden] -> ([n] target token ids, [n] float32 their probabilities), as

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from kernels.cpu.build import BuildError, BuildResult, build_library
-from kernels.cpu.library import CpuAttentionPlan, CpuKernels, DecoderLayerTensors
+from kernels.cpu.library import CpuAttentionPlan, CpuKernels, DecoderLayerTensors, DecoderStack
 
 logger = logging.getLogger(__name__)
 
@@ -79,5 +79,5 @@ def last_build() -> BuildResult | None:
     return _build
 
 
-__all__ = ["BuildError", "BuildResult", "CpuAttentionPlan", "CpuKernels", "DecoderLayerTensors", "build_library",
+__all__ = ["BuildError", "BuildResult", "CpuAttentionPlan", "CpuKernels", "DecoderLayerTensors", "DecoderStack", "build_library",
            "cache_dir", "cpu_kernels", "last_build", "unavailable_reason"]

@@ -24,23 +24,17 @@
 #include <cstdio>
 #include <vector>
 
+#include "skinny_entry.h"  // the few-row products, linear()
 #include "vec.h"  // at_least
 
 namespace {
 
-enum DType : int64_t { kFloat32 = 0, kBFloat16 = 1, kInt8 = 2 };  // kInt8: linear weights only
+enum DType : int64_t { kFloat32 = 0 };  // the activations' dtype code (norms, KV store, attention)
 
 }  // namespace
 
 // The compiled kernels' C entry points (the other sources of this library).
 extern "C" {
-int draftgate_skinny_linear(const float* x, int64_t x_stride, const float* w, const float* bias, float* y, int64_t M,
-                            int64_t N, int64_t K, int32_t num_threads, char* error, int64_t error_len);
-int draftgate_skinny_linear_bf16(const float* x, int64_t x_stride, const void* w, const float* bias, float* y,
-                                 int64_t M, int64_t N, int64_t K, int32_t num_threads, char* error, int64_t error_len);
-int draftgate_skinny_linear_int8(const float* x, int64_t x_stride, const int8_t* w, const float* scales,
-                                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int32_t num_threads,
-                                 char* error, int64_t error_len);
 int draftgate_rms_norm(const void* x, int64_t x_stride, const void* residual, int64_t residual_stride,
                        const void* weight, void* out, void* residual_out, int32_t dtype, int64_t rows, int64_t hidden,
                        double eps, int32_t num_threads, char* error, int64_t error_len);
@@ -91,16 +85,7 @@ struct DecoderLayerWeights {
 
 namespace {
 
-int linear(const float* x, const void* w, int64_t dtype, const float* scales, const float* bias, float* y, int64_t M,
-           int64_t N, int64_t K, int32_t threads, char* error, int64_t error_len) {
-  // One row passes K as its stride, as the Python wrapper does (the kernel ignores it then).
-  if (dtype == kInt8)
-    return draftgate_skinny_linear_int8(x, K, static_cast<const int8_t*>(w), scales, bias, y, M, N, K, threads, error,
-                                        error_len);
-  if (dtype == kBFloat16)
-    return draftgate_skinny_linear_bf16(x, K, w, bias, y, M, N, K, threads, error, error_len);
-  return draftgate_skinny_linear(x, K, static_cast<const float*>(w), bias, y, M, N, K, threads, error, error_len);
-}
+using draftgate::linear;
 
 // qk[t, h] = rotate(qkv[t, h]) for the num_heads + num_kv_heads heads of q and k: with x1, x2 a
 // head's halves, (x1 cos - x2 sin, x2 cos + x1 sin). No contraction into fused multiply-adds, so

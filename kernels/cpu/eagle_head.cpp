@@ -16,7 +16,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "vec.h"  // at_least
+#include "skinny_entry.h"  // the few-row products, linear()
+#include "vec.h"  // at_least, the 16-lane e^x
 
 extern "C" {
 struct DecoderLayerWeights;  // decoder_layers.cpp's; only passed through
@@ -28,38 +29,7 @@ int draftgate_decoder_layers(const DecoderLayerWeights* layers, int64_t num_laye
                              int64_t head_dim, int64_t intermediate, int64_t num_blocks, int64_t block_size,
                              double scale, double eps, int32_t num_threads, float* out, char* error,
                              int64_t error_len);
-int draftgate_skinny_linear(const float* x, int64_t x_stride, const float* w, const float* bias, float* y, int64_t M,
-                            int64_t N, int64_t K, int32_t num_threads, char* error, int64_t error_len);
-int draftgate_skinny_linear_bf16(const float* x, int64_t x_stride, const void* w, const float* bias, float* y,
-                                 int64_t M, int64_t N, int64_t K, int32_t num_threads, char* error, int64_t error_len);
-int draftgate_skinny_linear_int8(const float* x, int64_t x_stride, const int8_t* w, const float* scales,
-                                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int32_t num_threads,
-                                 char* error, int64_t error_len);
 }
-
-namespace {
-
-enum WeightDType : int64_t { kFloat32 = 0, kBFloat16 = 1, kInt8 = 2 };  // decoder_layers.cpp's codes
-
-// y = x W^T over M rows, W [N, K] held as `dtype` (int8 with its scales), as the Python path's
-// small_rows_linear calls it: the stride it passes (K for one row) and no bias.
-int held_linear(const float* x, int64_t x_stride, const void* w, int64_t dtype, const float* scales, float* y,
-                int64_t M, int64_t N, int64_t K, int32_t threads, char* error, int64_t error_len) {
-  const int64_t stride = M > 1 ? x_stride : K;
-  if (dtype == kInt8)
-    return draftgate_skinny_linear_int8(x, stride, static_cast<const int8_t*>(w), scales, nullptr, y, M, N, K,
-                                        threads, error, error_len);
-  if (dtype == kBFloat16)
-    return draftgate_skinny_linear_bf16(x, stride, w, nullptr, y, M, N, K, threads, error, error_len);
-  if (dtype == kFloat32)
-    return draftgate_skinny_linear(x, stride, static_cast<const float*>(w), nullptr, y, M, N, K, threads, error,
-                                   error_len);
-  std::snprintf(error, static_cast<size_t>(error_len), "unknown weight dtype code %lld",
-                static_cast<long long>(dtype));
-  return 1;
-}
-
-}  // namespace
 
 // out [num_tokens, hidden] = the head's layer and final norm over fc([embedding[token_ids];
 // states]): token_ids [num_tokens] int64 (each position's next token), embedding [vocab, hidden]
@@ -99,8 +69,8 @@ extern "C" int draftgate_eagle_forward(
     std::copy(states + t * states_stride, states + t * states_stride + hidden, joined + t * 2 * hidden + hidden);
     std::copy(cos_sin_table + position * head_dim, cos_sin_table + (position + 1) * head_dim, cos_sin + t * head_dim);
   }
-  if (held_linear(joined, 2 * hidden, fc_weight, fc_dtype, fc_scales, projected, num_tokens, hidden, 2 * hidden,
-                  num_threads, error, error_len) != 0)
+  if (draftgate::linear(joined, fc_weight, fc_dtype, fc_scales, nullptr, projected, num_tokens, hidden, 2 * hidden,
+                        num_threads, error, error_len) != 0)
     return 1;
   return draftgate_decoder_layers(layer, 1, final_norm, projected, cos_sin, slot_mapping, block_table,
                                   block_table_stride, max_blocks_per_req, query_start_loc, seq_lens, num_reqs,
@@ -124,8 +94,8 @@ extern "C" int draftgate_draft_top1(const float* x, int64_t num_rows, int64_t hi
   }
   thread_local std::vector<float> kept;
   float* logits = draftgate::at_least(kept, static_cast<size_t>(num_rows * vocab_rows));  // [num_rows, vocab_rows]
-  if (held_linear(x, hidden, weight, dtype, scales, logits, num_rows, vocab_rows, hidden, num_threads, error,
-                  error_len) != 0)
+  if (draftgate::linear(x, weight, dtype, scales, nullptr, logits, num_rows, vocab_rows, hidden, num_threads, error,
+                        error_len) != 0)
     return 1;
   for (int64_t r = 0; r < num_rows; ++r) {
     const float* row = logits + r * vocab_rows;

@@ -70,12 +70,7 @@ _EAGLE_FORWARD_ARGS = [
     _ptr, _ptr, _i64, _ptr, _i64,  # token ids, embedding, vocab size, states, their row stride
     _ptr, _i64, _ptr, _ptr, _ptr,  # fc weight, its dtype code, its scales, the layer (DecoderLayerWeights), final norm
     _ptr, _i64, _ptr,  # the rotary table, its rows, positions
-    _ptr, _ptr, _i64, _i64,  # slot_mapping, block_table, its row stride, max blocks per request
-    _ptr, _ptr, _i64, _i64,  # query_start_loc, seq_lens, num_reqs, num_tokens
-    _i64, _i64, _i64, _i64, _i64,  # hidden, num_heads, num_kv_heads, head_dim, intermediate
-    _i64, _i64, _f64, _f64, _i32,  # num_blocks, block_size, scale, eps, num_threads
-    _ptr, ctypes.c_char_p, _i64,  # out, error buffer, its length
-]
+] + _DECODER_LAYERS_ARGS[5:]  # decoder_layers' from slot_mapping on
 _DRAFT_TOP1_ARGS = [
     _ptr, _i64, _i64, _ptr, _i64, _ptr,  # x, rows, hidden, weight, its dtype code, its scales
     _i64, _ptr, _i32, _ptr, _ptr,  # vocabulary rows, their target ids, num_threads, tokens out, probs out
@@ -122,6 +117,23 @@ class DecoderLayerTensors:
     o_scales: torch.Tensor | None = None
     gate_up_scales: torch.Tensor | None = None
     down_scales: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class DecoderStack:
+    """A decoder stack as the one-call kernels take it, besides a step's rows: the layers' C
+    array (decoder_layer_weights, their KV caches included), the final norm and the shapes."""
+
+    layers: ctypes.Array
+    final_norm: torch.Tensor  # [hidden] float32
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    num_blocks: int  # of the KV caches
+    block_size: int
+    scale: float
+    eps: float
 
 
 @dataclass(frozen=True)
@@ -430,25 +442,24 @@ class CpuKernels:
             entry.sliding_window = layer.sliding_window or 0
         return array
 
+    def _stack_arguments(self, stack: DecoderStack, slot_mapping: torch.Tensor, block_table: torch.Tensor,
+                         query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int,
+                         hidden_size: int, out: torch.Tensor, error: ctypes.Array) -> tuple:
+        """The arguments both one-call kernels end with (decoder_layers.cpp's, from slot_mapping on)."""
+        return (slot_mapping.data_ptr(), block_table.data_ptr(), block_table.stride(0), block_table.shape[1],
+                query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], num_tokens, hidden_size,
+                stack.num_heads, stack.num_kv_heads, stack.head_dim, stack.intermediate, stack.num_blocks,
+                stack.block_size, stack.scale, stack.eps, torch.get_num_threads(), out.data_ptr(), error, _ERROR_LEN)
+
     def decoder_layers(
         self,
-        layers: ctypes.Array,  # decoder_layer_weights(...)
-        final_norm: torch.Tensor,  # [hidden] float32
+        stack: DecoderStack,
         hidden: torch.Tensor,  # [num_tokens, hidden] float32: the first layer's input
         cos_sin: torch.Tensor,  # [num_tokens, head_dim] float32: each token's rotary row (cos | sin)
         slot_mapping: torch.Tensor,  # [num_tokens] int64
         block_table: torch.Tensor,  # [num_reqs, max_blocks_per_req] int32
         query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
         seq_lens: torch.Tensor,  # [num_reqs] int32
-        *,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        intermediate: int,
-        num_blocks: int,
-        block_size: int,
-        scale: float,
-        eps: float,
     ) -> torch.Tensor:  # [num_tokens, hidden] float32: the final norm's output
         """A few-row step through every layer in one call (kernels/cpu/decoder_layers.cpp): the
         same kernels as the layer-by-layer path, bit for bit, without its Python between them.
@@ -457,57 +468,42 @@ class CpuKernels:
         out = torch.empty((num_tokens, hidden_size), dtype=torch.float32)
         error = self._error_buffer()
         status = self._decoder_layers(
-            ctypes.addressof(layers), len(layers), final_norm.data_ptr(), hidden.data_ptr(),
-            cos_sin.data_ptr(), slot_mapping.data_ptr(), block_table.data_ptr(), block_table.stride(0),
-            block_table.shape[1], query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], num_tokens,
-            hidden_size, num_heads, num_kv_heads, head_dim, intermediate, num_blocks, block_size, scale, eps,
-            torch.get_num_threads(), out.data_ptr(), error, _ERROR_LEN,
-        )
+            ctypes.addressof(stack.layers), len(stack.layers), stack.final_norm.data_ptr(), hidden.data_ptr(),
+            cos_sin.data_ptr(), *self._stack_arguments(stack, slot_mapping, block_table, query_start_loc, seq_lens,
+                                                       num_tokens, hidden_size, out, error))
         if status != 0:
             raise ValueError(f"decoder_layers: {error.value.decode()}")
         return out
 
     def eagle_forward(
         self,
+        stack: DecoderStack,  # the head's one layer
         token_ids: torch.Tensor,  # [num_tokens] int64: each position's next token
         embedding: torch.Tensor,  # [vocab, hidden] float32, contiguous
         states: torch.Tensor,  # [num_tokens, hidden] float32, unit column stride: the target's states
         fc_weight: torch.Tensor,  # [hidden, 2 * hidden] float32, bfloat16 or int8, contiguous
         fc_scales: torch.Tensor | None,  # [hidden] float32: an int8 fc's
-        layer: ctypes.Array,  # decoder_layer_weights([one layer])
-        final_norm: torch.Tensor,  # [hidden] float32
         cos_sin_table: torch.Tensor,  # [max_positions, head_dim] float32, contiguous
         positions: torch.Tensor,  # [num_tokens] int64
-        slot_mapping: torch.Tensor,  # [num_tokens] int64
-        block_table: torch.Tensor,  # [num_reqs, max_blocks_per_req] int32
-        query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
-        seq_lens: torch.Tensor,  # [num_reqs] int32
-        *,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        intermediate: int,
-        num_blocks: int,
-        block_size: int,
-        scale: float,
-        eps: float,
+        slot_mapping: torch.Tensor,  # as decoder_layers takes them
+        block_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
     ) -> torch.Tensor:  # [num_tokens, hidden] float32: the head's predicted states
         """An EAGLE head's pass in one call (kernels/cpu/eagle_head.cpp): the embedding rows and
-        the states joined, the fc product, the layer and the final norm, through the same kernels
-        as the Python path, bit for bit. The tensors must be the dtypes above, on the CPU, with
-        the strides above (the caller checks once)."""
-        num_tokens, hidden = states.shape
-        out = torch.empty((num_tokens, hidden), dtype=torch.float32)
+        the states joined, the fc product, then decoder_layers over the head's layer, through the
+        same kernels as the Python path, bit for bit. The tensors must be the dtypes above, on the
+        CPU, with the strides above (the caller checks once)."""
+        num_tokens, hidden_size = states.shape
+        out = torch.empty((num_tokens, hidden_size), dtype=torch.float32)
         error = self._error_buffer()
         status = self._eagle_forward(
             token_ids.data_ptr(), embedding.data_ptr(), embedding.shape[0], states.data_ptr(), states.stride(0),
             fc_weight.data_ptr(), _WEIGHT_CODES[fc_weight.dtype], None if fc_scales is None else fc_scales.data_ptr(),
-            ctypes.addressof(layer), final_norm.data_ptr(), cos_sin_table.data_ptr(), cos_sin_table.shape[0],
-            positions.data_ptr(), slot_mapping.data_ptr(), block_table.data_ptr(), block_table.stride(0),
-            block_table.shape[1], query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], num_tokens,
-            hidden, num_heads, num_kv_heads, head_dim, intermediate, num_blocks, block_size, scale, eps,
-            torch.get_num_threads(), out.data_ptr(), error, _ERROR_LEN,
-        )
+            ctypes.addressof(stack.layers), stack.final_norm.data_ptr(), cos_sin_table.data_ptr(),
+            cos_sin_table.shape[0], positions.data_ptr(),
+            *self._stack_arguments(stack, slot_mapping, block_table, query_start_loc, seq_lens, num_tokens,
+                                   hidden_size, out, error))
         if status != 0:
             raise ValueError(f"eagle_forward: {error.value.decode()}")
         return out

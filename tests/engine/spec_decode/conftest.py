@@ -68,3 +68,22 @@ def eagle_head(tmp_path_factory: pytest.TempPathFactory) -> str:
     folder = tmp_path_factory.mktemp("eagle")
     export_draft(head, str(folder), target_name=target.name, shared_embedding=True, dtype=torch.float32)
     return str(Path(folder))
+
+
+@pytest.fixture(scope="session")
+def perturbed_eagle_head():
+    """make(target, seed, vocab=4096): an EAGLE head for the embedded model (drafts.target's
+    `target`), its layer initialised from the target's layer 29, the first `vocab` tokens, every
+    trainable weight moved by 2% noise (not the identity init: every weight matters)."""
+    from drafts.eagle import init_eagle
+
+    def make(target, seed: int, vocab: int = 4096):
+        torch.manual_seed(seed)
+        head = init_eagle(target, 29, torch.arange(vocab, dtype=torch.int64))
+        with torch.no_grad():
+            for param in head.parameters():
+                if param.requires_grad:
+                    param.add_(0.02 * torch.randn_like(param))
+        return head
+
+    return make

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from drafts.eagle import TrainableEagle, init_eagle
+from drafts.eagle import TrainableEagle
 from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.calibration import ConfidenceCalibration
@@ -26,14 +26,9 @@ TEXT = ("def read_config(path):\n    with open(path) as f:\n        return json.
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory):
-    torch.manual_seed(0)
+def setup(tmp_path_factory: pytest.TempPathFactory, perturbed_eagle_head):
     target = load_target(None, device=torch.device("cpu"), dtype=torch.float32, progress=False)
-    head = init_eagle(target, 29, torch.arange(VOCAB, dtype=torch.int64))
-    with torch.no_grad():  # not the identity init: every weight matters
-        for param in head.parameters():
-            if param.requires_grad:
-                param.add_(0.02 * torch.randn_like(param))
+    head = perturbed_eagle_head(target, seed=0, vocab=VOCAB)
     folder = tmp_path_factory.mktemp("eagle")
     export_draft(head, str(folder), target_name=target.name, shared_embedding=True, dtype=torch.float32)
     draft = load_draft_model(str(folder), target.engine_model, target.arch, torch.float32, torch.device("cpu"))

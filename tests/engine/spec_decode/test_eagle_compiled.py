@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from drafts.eagle import init_eagle
 from drafts.export import export_draft
 from drafts.target import load_target, wrap_engine_model
 from engine.model.attention_metadata import AttentionMetadata
@@ -18,21 +17,15 @@ from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.eagle_compiled import CompiledEagleHead
 from engine.spec_decode.proposer import ProposalRequest
 
-VOCAB = 4096
 BLOCK = 16
 TEXT = ("import json\n\ndef load(path):\n    with open(path) as f:\n        return json.load(f)\n\n"
         "def save(path, data):\n    with open(path, 'w') as f:\n        json.dump(data, f)\n")
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory):
-    torch.manual_seed(1)
+def setup(tmp_path_factory: pytest.TempPathFactory, perturbed_eagle_head):
     target = load_target(None, device=torch.device("cpu"), dtype=torch.float32, progress=False)
-    head = init_eagle(target, 29, torch.arange(VOCAB, dtype=torch.int64))
-    with torch.no_grad():  # not the identity init: every weight matters
-        for param in head.parameters():
-            if param.requires_grad:
-                param.add_(0.02 * torch.randn_like(param))
+    head = perturbed_eagle_head(target, seed=1)
     folder = tmp_path_factory.mktemp("eagle")
     export_draft(head, str(folder), target_name=target.name, shared_embedding=True, dtype=torch.bfloat16)
     ids = target.tokenizer.encode(TEXT)
