@@ -12,8 +12,6 @@ the call does not cover (see `FusedDecoder.build` and `run`).
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from torch import nn
 
@@ -173,4 +171,3 @@ class FusedDecoder:
         return self.kernels.eagle_forward(stack, token_ids.to(torch.int64).contiguous(), embedding,
                                           states.contiguous(), fc_weight, fc_scales, cos_sin_table,
                                           positions.to(torch.int64).contiguous(), *self._meta_tensors(meta))
-

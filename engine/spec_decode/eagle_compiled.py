@@ -73,7 +73,8 @@ class CompiledEagleHead:
         """states [n, hidden] -> ([n] target token ids, [n] float32 their probabilities), as
         draft_model.top_draft_tokens_with_prob(..., 1) gives them, or None where the call does
         not apply."""
-        if not self.tops or states.dtype != torch.float32 or not 1 <= states.shape[0] <= small_rows_linear.SKINNY_MAX_ROWS:
+        if (not self.tops or states.dtype != torch.float32
+                or not 1 <= states.shape[0] <= small_rows_linear.SKINNY_MAX_ROWS):
             return None
         draft = self.draft
         assert draft.head_weight is not None and draft.vocab_ids is not None
