@@ -54,6 +54,7 @@ it is guessing.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -120,10 +121,6 @@ class EagleProposer:
         # The chance the target accepts a draft, given the head's probability of it: learnt by
         # the controller, which sets it here (None: the probability itself).
         self.calibration: ConfidenceCalibration | None = None
-        # Its passes and greedy tokens in one compiled call each where that applies
-        # (eagle_compiled.py); built on first use (None: the Python path).
-        self._compiled: CompiledEagleHead | None = None
-        self._compiled_built = False
 
     @staticmethod
     def kv_bytes_per_block(draft: DraftModel, block_size: int, dtype: torch.dtype) -> int:
@@ -143,7 +140,7 @@ class EagleProposer:
         -> predicted states [n, hidden]; kv_only: only writes the head's KV there (returns
         None), skipping the attention, the MLP and the norm."""
         if not kv_only:
-            compiled = self._compiled_head()
+            compiled = self.compiled
             out = compiled.forward(input_ids, states, positions, meta) if compiled is not None else None
             if out is not None:
                 return out
@@ -157,15 +154,15 @@ class EagleProposer:
             return None
         return model.run_layers(hidden, positions, self.kv_caches, meta)  # the layer and the final norm
 
-    def _compiled_head(self) -> CompiledEagleHead | None:
-        if not self._compiled_built:
-            self._compiled = CompiledEagleHead.build(self.draft, self.kv_caches, self.device, self.dtype)
-            self._compiled_built = True
-        return self._compiled
+    @functools.cached_property
+    def compiled(self) -> CompiledEagleHead | None:
+        """Its passes and greedy tokens in one compiled call each where that applies
+        (eagle_compiled.py), built on first use; None: the Python path."""
+        return CompiledEagleHead.build(self.draft, self.kv_caches, self.device, self.dtype)
 
     def _top1(self, states: torch.Tensor) -> tuple[list[int], list[float]]:
         """states [n, hidden] -> each row's greedy draft token and its probability."""
-        compiled = self._compiled_head()
+        compiled = self.compiled
         found = compiled.top1(states) if compiled is not None else None
         if found is None:
             top, best_prob = top_draft_tokens_with_prob(self.draft, states, 1)

@@ -40,9 +40,9 @@ def _pair(setup, held: str | None) -> tuple[EagleProposer, EagleProposer]:
     draft = load_draft_model(folder, target.engine_model, target.arch, torch.float32, torch.device("cpu"), held=held)
     compiled, python = (EagleProposer(draft, num_blocks=8, block_size=BLOCK, device=torch.device("cpu"),
                                       dtype=torch.float32) for _ in range(2))
-    if compiled._compiled_head() is None:
+    if compiled.compiled is None:
         pytest.skip("no compiled path here (it needs the few-row kernel: an AVX2 CPU)")
-    python._compiled, python._compiled_built = None, True
+    python.compiled = None  # the cached property, set: the Python path
     return compiled, python
 
 
@@ -89,7 +89,7 @@ def test_a_pass_over_several_rows_is_the_python_pass_bit_for_bit(setup, held: st
 def test_greedy_tokens_and_probabilities_match_the_python_path(setup, held: str | None) -> None:
     _, _, _, states = setup
     compiled, _ = _pair(setup, held)
-    head = compiled._compiled_head()
+    head = compiled.compiled
     tokens, probs = head.top1(states[:6])
     top, best = top_draft_tokens_with_prob(compiled.draft, states[:6], 1)
     assert torch.equal(tokens, top[:, 0])
