@@ -84,6 +84,18 @@ from engine.spec_decode.suffix import SuffixProposer
 
 REQUEST_DECAY = 0.8  # weight of a request's past verifications per new one (recent text counts most)
 POOLED_DECAY = 0.95  # the same for the estimate pooled over all requests (a new request's prior)
+# Suffix evidence ages with the steps too. The pooled counts decay per verification, so while a
+# rate is not tried its accepted / trials ratio stands still; and it is the rate that decides
+# whether it is tried: in hybrid chat, a few early suffix rejections set the pooled first-draft
+# rate at 0.25-0.3, the head then won the plan at nearly every step, the rate was rarely tried
+# again, and one fresh engine's round ran 576-596 steps where another, whose early suffix drafts
+# went well, ran 549 (the same 8 prompts, 807 tokens, float32: rounds of ~1.24x against ~1.32x).
+# So on every planned step a pooled suffix rate (the first draft's, the later ones') that no
+# verification tried moves back toward the prior by this much: about 25 such steps halve the
+# past's weight; one tried on every step keeps its plain per-verification decay. With it, five
+# fresh rounds ran 550-558 steps. The draft model's rate is left to its probes, which back off
+# while they are rejected (PROBE_EVERY below), and alone to its calibrated confidence.
+UNTRIED_DECAY = 0.97
 # Weight, in trials, of the pooled estimate in every request's; unlike the request's own counts
 # it never decays. Replaying the shipped head's first drafts (one per step, 8 prompts each, bf16):
 # a chat draft's acceptance does not depend on the previous one's (0.22 after an accepted draft,
@@ -173,6 +185,22 @@ class Acceptance:
     def continued_trials(self) -> float:
         return self.trials - self.first_trials
 
+    def age_toward(self, prior: Acceptance, decay: float, *, first: bool, continued: bool) -> None:
+        """Moves the first draft's counts (first) and the later drafts' (continued) toward the
+        prior's, each as x <- decay * x + (1 - decay) * prior's x, where its rate is below the
+        prior's."""
+        continued_accepted, continued_trials = self.continued_accepted, self.continued_trials
+        first = first and self.first_p < prior.first_p
+        continued = continued and self.continued_p < prior.continued_p
+        if first:
+            self.first_accepted = decay * self.first_accepted + (1 - decay) * prior.first_accepted
+            self.first_trials = decay * self.first_trials + (1 - decay) * prior.first_trials
+        if continued:
+            continued_accepted = decay * continued_accepted + (1 - decay) * prior.continued_accepted
+            continued_trials = decay * continued_trials + (1 - decay) * prior.continued_trials
+        self.accepted = self.first_accepted + continued_accepted
+        self.trials = self.first_trials + continued_trials
+
     def update(self, num_drafted: int, num_accepted: int, decay: float) -> None:
         # Drafts after the first rejected one were never tried: they say nothing about p.
         trials = num_accepted + (1 if num_accepted < num_drafted else 0)
@@ -180,6 +208,11 @@ class Acceptance:
         self.trials = decay * self.trials + trials
         self.first_accepted = decay * self.first_accepted + (1 if num_accepted else 0)
         self.first_trials = decay * self.first_trials + 1
+
+
+# Where every pooled rate starts, and where an untried one returns: 0.5 for the first draft and for
+# the later ones, weighing one trial each.
+POOLED_PRIOR = Acceptance(1.0, 2.0, 0.5, 1.0)
 
 
 class SpeculationController:
@@ -202,7 +235,9 @@ class SpeculationController:
         acceptance (a prior of p = 0.5)."""
         self.cost = StepCostModel()
         self.draft_cost = DraftCostModel()
-        self._pooled = {"suffix": Acceptance(1.0, 2.0, 0.5, 1.0), "draft": Acceptance(1.0, 2.0, 0.5, 1.0)}
+        self._pooled = {method: replace(POOLED_PRIOR) for method in ("suffix", "draft")}
+        # (method, "first" or "continued") tried by the verifications recorded since the last plan.
+        self._tried: set[tuple[str, str]] = set()
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
@@ -283,6 +318,9 @@ class SpeculationController:
             self._pooled_standing.tokens += num_accepted
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
         self._pooled[method].update(num_drafted, num_accepted, POOLED_DECAY)
+        self._tried.add((method, "first"))
+        if num_accepted and num_drafted > 1:  # a later draft was verified
+            self._tried.add((method, "continued"))
         if method == "draft" and token_probs:
             self.calibration.update(token_probs[:num_drafted], num_accepted)
 
@@ -353,6 +391,8 @@ class SpeculationController:
                 self._skip_step(requests)
                 self.proposer_seconds += time.perf_counter() - started
                 return {request.req_id: Proposal([]) for request in requests}
+        if self.config.adaptive:
+            self._age_untried()  # (steps the gate keeps shut do not count: no plan reads the rates)
         suffix = (self.suffix.propose(requests, self.suffix_cap(batch_size)) if method in ("suffix", "hybrid")
                   else {})
         alternatives = {} if unpriced else self._alternatives_to_ask(requests, batch_size, step_seconds)
@@ -499,6 +539,14 @@ class SpeculationController:
             if nets:
                 chosen[request.req_id] = nets
         return chosen
+
+    def _age_untried(self) -> None:
+        """Pooled suffix rates no verification tried since the last plan move toward the prior
+        (UNTRIED_DECAY)."""
+        first, continued = ("suffix", "first") not in self._tried, ("suffix", "continued") not in self._tried
+        if first or continued:
+            self._pooled["suffix"].age_toward(POOLED_PRIOR, UNTRIED_DECAY, first=first, continued=continued)
+        self._tried.clear()
 
     def _skip_step(self, requests: list[ProposalRequest]) -> None:
         """A step the gate keeps shut: no proposer runs (the suffix index and a draft model

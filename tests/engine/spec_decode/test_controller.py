@@ -7,7 +7,8 @@ import pytest
 
 import engine.spec_decode.controller as controller_module
 from engine.config import SpeculativeConfig
-from engine.spec_decode.controller import MAX_PROBE_INTERVAL, PROBE_EVERY, PROBE_SHARE, Acceptance, SpeculationController
+from engine.spec_decode.controller import (MAX_PROBE_INTERVAL, POOLED_PRIOR, PROBE_EVERY, PROBE_SHARE, UNTRIED_DECAY,
+                                           Acceptance, SpeculationController)
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
@@ -338,6 +339,44 @@ def test_probe_steps_are_spaced_out_to_their_budget() -> None:
     dear = probe_clock(8, 0.004)
     assert len(dear) >= 3 and all(b - a == 4 * PROBE_EVERY for a, b in zip(dear, dear[1:]))
     assert all(step % (4 * PROBE_EVERY) == 0 for step in dear)
+
+
+def test_an_untried_low_suffix_rate_returns_toward_the_prior() -> None:
+    """A pooled suffix rate set low by early rejections moves back toward the prior on the plans
+    that do not try it, the first draft's and the later drafts' each on its own; one tried on
+    every plan, or above the prior, stays where its verifications put it."""
+    spec, _ = controller("hybrid")
+    for _ in range(10):  # suffix drafts of 2 whose first is always rejected
+        spec._method["a"] = "suffix"
+        spec.record("a", 2, 0)
+    pooled = spec._pooled["suffix"]
+    first_before, continued_before = pooled.first_p, pooled.continued_p
+    assert first_before < 0.1 and continued_before == pytest.approx(0.5)  # no later draft tried
+    spec._age_untried()  # the plan after those verifications: they tried the first draft
+    assert pooled.first_p == first_before
+    counts = (pooled.first_accepted, pooled.first_trials)
+    for _ in range(25):
+        spec._age_untried()
+    # The counts move by UNTRIED_DECAY a plan toward the prior's (about halfway in 25 plans).
+    decay = UNTRIED_DECAY ** 25
+    accepted = decay * counts[0] + (1 - decay) * POOLED_PRIOR.first_accepted
+    trials = decay * counts[1] + (1 - decay) * POOLED_PRIOR.first_trials
+    assert pooled.first_p == pytest.approx(accepted / trials)
+    assert first_before < pooled.first_p < POOLED_PRIOR.first_p
+    assert pooled.continued_p == pytest.approx(0.5)
+    for _ in range(400):
+        spec._age_untried()
+    assert pooled.first_p == pytest.approx(POOLED_PRIOR.first_p, abs=1e-3)
+
+    high, _ = controller("hybrid")
+    for _ in range(10):  # drafts of 3, all accepted
+        high._method["a"] = "suffix"
+        high.record("a", 3, 3)
+    estimate = high._pooled["suffix"]
+    rates = (estimate.first_p, estimate.continued_p)
+    for _ in range(100):
+        high._age_untried()
+    assert (estimate.first_p, estimate.continued_p) == rates
 
 
 def test_hybrid_takes_confident_suffix_drafts_over_an_average_draft_model() -> None:
