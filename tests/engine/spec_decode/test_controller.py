@@ -558,14 +558,24 @@ def test_reset_restarts_what_a_fresh_controller_starts_with() -> None:
     assert run(used) == expected
 
 
-def test_before_the_step_price_is_known_one_draft_each_and_no_runners_up() -> None:
+def test_before_the_step_price_is_known_one_draft_for_one_request_and_no_runners_up() -> None:
+    """Unpriced, the draft model drafts one token for the request with the shortest context only
+    (its first draft is a catch-up over the whole context), no runners-up; suffix drafts, one
+    token each, for every request that has one."""
     config = SpeculativeConfig(method="draft", num_speculative_tokens=4, adaptive=True)
     draft = RunnersUpDraft()
     spec = SpeculationController(config, suffix=None, draft=draft)
-    batch = [ProposalRequest(f"r{i}", [1, 2, 3], [4], num_drafts=4, max_alternatives=3) for i in range(8)]
+    batch = [ProposalRequest(f"r{i}", [1, 2, 3] * (1 if i == 5 else 4), [4], num_drafts=4, max_alternatives=3)
+             for i in range(8)]
     proposals = spec.propose(batch, batch_size=8)  # nothing measured: tokens look free
-    assert [len(proposals[r.req_id].token_ids) for r in batch] == [1] * 8
+    assert [len(proposals.get(r.req_id, Proposal([])).token_ids) for r in batch] == [0] * 5 + [1] + [0] * 2
+    assert [r.num_drafts for r in batch] == [0] * 5 + [1] + [0] * 2
     assert [r.num_alternatives for r in batch] == [0] * 8
+    hybrid = SpeculationController(SpeculativeConfig(method="hybrid", num_speculative_tokens=4, adaptive=True),
+                                   suffix=SuffixProposer(), draft=CountingDraft())
+    batch = [request(f"r{i}", REPEATING if i % 2 else [9, 8]) for i in range(8)]
+    proposals = hybrid.propose(batch, batch_size=8)
+    assert [len(proposals.get(r.req_id, Proposal([])).token_ids) for r in batch] == [1, 1] + [0, 1] * 3
     spec.observe_step(200, 0.3)  # a prefill: one token count, no slope yet
     proposals = spec.propose([request("a", [4])], batch_size=1)
     assert len(proposals["a"].token_ids) == 1
