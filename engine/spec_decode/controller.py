@@ -23,7 +23,9 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   of a draft model gains p^j. Suffix drafts are counted as a first draft and its continuation
   apart (rates(): a repeated stretch goes on or ends at once), so the j-th gains
   first * continued^(j-1); they also carry their vote's own confidence, and the gain is the
-  smaller of the two.
+  smaller of the two. A pooled suffix rate below the prior that no verification tries moves
+  back toward the prior, plan by plan (UNTRIED_DECAY), or a few early rejections could keep it
+  low, and so untried, for good.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
   the draft model runs to the depth that makes the most tokens per second (or not at all), and
   what the others' drafts add to a request's step must be paid by its standing gain (they delay
