@@ -357,7 +357,7 @@ def test_an_untried_low_suffix_rate_returns_toward_the_prior() -> None:
     counts = (pooled.first_accepted, pooled.first_trials)
     for _ in range(25):
         spec._age_untried()
-    # The counts move by UNTRIED_DECAY a plan toward the prior's (about halfway in 25 plans).
+    # The counts move by UNTRIED_DECAY a plan toward the prior's.
     decay = UNTRIED_DECAY ** 25
     accepted = decay * counts[0] + (1 - decay) * POOLED_PRIOR.first_accepted
     trials = decay * counts[1] + (1 - decay) * POOLED_PRIOR.first_trials
