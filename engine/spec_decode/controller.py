@@ -240,8 +240,8 @@ class SpeculationController:
         self.cost = StepCostModel()
         self.draft_cost = DraftCostModel()
         self._pooled = {method: replace(POOLED_PRIOR) for method in ("suffix", "draft")}
-        # (method, "first" or "continued") tried by the verifications recorded since the last plan.
-        self._tried: set[tuple[str, str]] = set()
+        # Which pooled suffix rates ("first", "continued") verifications tried since the last plan.
+        self._suffix_tried: set[str] = set()
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
@@ -322,9 +322,10 @@ class SpeculationController:
             self._pooled_standing.tokens += num_accepted
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
         self._pooled[method].update(num_drafted, num_accepted, POOLED_DECAY)
-        self._tried.add((method, "first"))
-        if num_accepted and num_drafted > 1:  # a later draft was verified
-            self._tried.add((method, "continued"))
+        if method == "suffix":
+            self._suffix_tried.add("first")
+            if num_accepted and num_drafted > 1:  # a later draft was verified
+                self._suffix_tried.add("continued")
         if method == "draft" and token_probs:
             self.calibration.update(token_probs[:num_drafted], num_accepted)
 
@@ -550,10 +551,10 @@ class SpeculationController:
     def _age_untried(self) -> None:
         """Pooled suffix rates no verification tried since the last plan move toward the prior
         (UNTRIED_DECAY)."""
-        first, continued = ("suffix", "first") not in self._tried, ("suffix", "continued") not in self._tried
+        first, continued = "first" not in self._suffix_tried, "continued" not in self._suffix_tried
         if first or continued:
             self._pooled["suffix"].age_toward(POOLED_PRIOR, UNTRIED_DECAY, first=first, continued=continued)
-        self._tried.clear()
+        self._suffix_tried.clear()
 
     def _skip_step(self, requests: list[ProposalRequest]) -> None:
         """A step the gate keeps shut: no proposer runs (the suffix index and a draft model
