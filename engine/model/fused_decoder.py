@@ -24,8 +24,10 @@ from kernels.cpu import CpuKernels, DecoderLayerTensors, DecoderStack, cpu_kerne
 
 
 def _weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
-    """The plain weight the few-row kernel reads, the bias and an int8 weight's scales, or None
-    for another form."""
+    """The weight the few-row kernels read (float32 panels, or a plain [N, K] weight), the bias and
+    an int8 weight's scales, or None for another form."""
+    if isinstance(linear, PackedLinear) and linear.panels is not None and not linear.float_output:
+        return linear.panels, linear.bias, None
     if isinstance(linear, PackedLinear) and linear.plain_weight is not None and not linear.float_output:
         return linear.plain_weight, linear.bias, None
     if isinstance(linear, Bf16WeightLinear) and not linear.float_output:
@@ -33,6 +35,13 @@ def _weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch
     if isinstance(linear, Int8WeightLinear) and not linear.float_output:
         return linear.weight_int8, linear.bias, linear.scales
     return None
+
+
+def _logical_shape(weight: torch.Tensor) -> tuple[int, ...]:
+    """[N, K] of a linear weight, held plain or in panels ([N / 16, K, 16])."""
+    if weight.dim() == 3:
+        return weight.shape[0] * weight.shape[2], weight.shape[1]
+    return tuple(weight.shape)
 
 
 class FusedDecoder:
@@ -73,11 +82,11 @@ class FusedDecoder:
                 (down, down_bias, down_scales) = weights  # type: ignore[misc]
             # The C side trusts these shapes (it reads [N, K] from the sizes it is given).
             hidden, q_size = norms[0].shape[0], attention.num_heads * attention.head_dim
-            qkv_rows, intermediate = q_size + 2 * attention.num_kv_heads * attention.head_dim, down.shape[1]
+            qkv_rows, intermediate = q_size + 2 * attention.num_kv_heads * attention.head_dim, _logical_shape(down)[1]
             expected = [(qkv, (qkv_rows, hidden)), (o, (hidden, q_size)), (gate_up, (2 * intermediate, hidden)),
                         (down, (hidden, intermediate)), (norms[1], (hidden,))]
             biases = [(qkv_bias, qkv_rows), (o_bias, hidden), (gate_up_bias, 2 * intermediate), (down_bias, hidden)]
-            if (any(tuple(t.shape) != shape for t, shape in expected)
+            if (any(_logical_shape(t) != shape for t, shape in expected)
                     or any(b is not None and tuple(b.shape) != (n,) for b, n in biases)):
                 return None
             entries.append(dict(input_norm=norms[0].contiguous(), post_norm=norms[1].contiguous(), qkv=qkv,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("paged_attention.cpp", "kv_store.cpp", "rms_norm.cpp", "silu_mul.cpp", "skinny_linear.cpp",
-           "decoder_layers.cpp", "eagle_head.cpp")
+           "panel_linear.cpp", "decoder_layers.cpp", "eagle_head.cpp")
 HEADERS = ("vec.h", "attention_chunk.h", "skinny_entry.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 LIBRARY_PREFIX = "draftgate_cpu_kernels"

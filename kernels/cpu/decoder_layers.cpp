@@ -56,8 +56,8 @@ int draftgate_paged_attention(const void* query, int32_t query_dtype, int64_t qu
 
 // One layer's tensors (kernels/cpu/library.py's DecoderLayerWeights mirrors it: every field 8
 // bytes, so the two layouts cannot disagree on padding). Linear weights are [N, K] contiguous,
-// float32, bf16 (widened as read, exactly) or int8 with float32 scales [N] (null for the others);
-// biases float32 or null; norms float32 [hidden]; the caches float32 [num_blocks, num_kv_heads,
+// float32, bf16 (widened as read, exactly) or int8 with float32 scales [N] (null for the others),
+// or float32 in panels [N / 16, K, 16] (panel_linear.cpp); the *_dtype fields say which; biases float32 or null; norms float32 [hidden]; the caches float32 [num_blocks, num_kv_heads,
 // block_size, head_dim].
 struct DecoderLayerWeights {
   const float* input_norm;

@@ -15,7 +15,9 @@ from pathlib import Path
 import torch
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
-_WEIGHT_CODES = {**_DTYPE_CODES, torch.int8: 2}  # decoder_layers' linear weights (decoder_layers.cpp's DType)
+_WEIGHT_CODES = {**_DTYPE_CODES, torch.int8: 2}  # decoder_layers' linear weights (skinny_entry.h's WeightCode)
+_PANELS_CODE = 3  # a float32 weight in panels, [N / 16, K, 16] (kernels/panel_linear.py)
+PANEL_WIDTH = 16  # output channels a panel holds (panel_linear.cpp's kPanelWidth)
 _ERROR_LEN = 512
 
 _i32, _i64, _ptr, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
@@ -97,7 +99,7 @@ class DecoderLayerWeights(ctypes.Structure):
 class DecoderLayerTensors:
     """What decoder_layers reads of one layer. Linear weights [N, K] contiguous, float32, bf16
     (widened exactly as read) or int8 with their float32 scales [N] (the *_scales fields, None
-    for the other dtypes); biases float32 or None; norms float32 [hidden]; the caches float32
+    for the other dtypes), or float32 in panels [N / 16, K, 16] (kernels/panel_linear.py); biases float32 or None; norms float32 [hidden]; the caches float32
     [num_blocks, num_kv_heads, block_size, head_dim], contiguous."""
 
     input_norm: torch.Tensor
@@ -162,6 +164,7 @@ class CpuKernels:
             torch.bfloat16: self._bind("draftgate_skinny_linear_bf16", _SKINNY_LINEAR_ARGS),
             torch.int8: self._bind("draftgate_skinny_linear_int8", _SKINNY_LINEAR_INT8_ARGS),
         }
+        self._panel_linear = self._bind("draftgate_panel_linear", _SKINNY_LINEAR_ARGS)
         self._decoder_layers = self._bind("draftgate_decoder_layers", _DECODER_LAYERS_ARGS)
         self._eagle_forward = self._bind("draftgate_eagle_forward", _EAGLE_FORWARD_ARGS)
         self._draft_top1 = self._bind("draftgate_draft_top1", _DRAFT_TOP1_ARGS)
@@ -407,6 +410,35 @@ class CpuKernels:
             raise ValueError(f"skinny_linear: {error.value.decode()}")
         return out
 
+    def panel_linear(
+        self,
+        x: torch.Tensor,  # [rows, in_features] float32, unit column stride
+        panels: torch.Tensor,  # [out_features / 16, in_features, 16] float32, contiguous
+        bias: torch.Tensor | None = None,  # [out_features] float32
+    ) -> torch.Tensor:  # [rows, out_features] float32
+        """y = x W^T (+ b) over a weight held in panels of 16 output channels (kernels/cpu/
+        panel_linear.cpp), any number of rows; each output's summation order is independent of
+        the row count."""
+        if (x.dtype is not torch.float32 or x.dim() != 2 or x.stride(1) != 1 or not x.is_cpu
+                or panels.dtype is not torch.float32 or panels.dim() != 3 or panels.shape[2] != PANEL_WIDTH
+                or not panels.is_contiguous() or not panels.is_cpu or panels.shape[1] != x.shape[1]):
+            raise ValueError(f"panel_linear: x {x.dtype} {tuple(x.shape)} and panels {panels.dtype} "
+                             f"{tuple(panels.shape)} (float32 [rows, K] and [N / {PANEL_WIDTH}, K, {PANEL_WIDTH}])")
+        rows, in_features = x.shape
+        out_features = panels.shape[0] * PANEL_WIDTH
+        if bias is not None:
+            if bias.dtype is not torch.float32 or not bias.is_cpu or bias.shape != (out_features,):
+                raise ValueError(f"panel_linear: bias {bias.dtype} {tuple(bias.shape)} for {out_features} outputs")
+            bias = bias.contiguous()
+        out = torch.empty((rows, out_features), dtype=torch.float32)
+        error = self._error_buffer()
+        status = self._panel_linear(x.data_ptr(), x.stride(0) if rows > 1 else in_features, panels.data_ptr(),
+                                    bias.data_ptr() if bias is not None else None, out.data_ptr(), rows,
+                                    out_features, in_features, torch.get_num_threads(), error, _ERROR_LEN)
+        if status != 0:
+            raise ValueError(f"panel_linear: {error.value.decode()}")
+        return out
+
     @staticmethod
     def decoder_layer_weights(layers: list[DecoderLayerTensors]) -> ctypes.Array:
         """The C array decoder_layers takes, checked once: build it when the tensors are set up
@@ -428,7 +460,11 @@ class CpuKernels:
                 weight = getattr(layer, name)
                 setattr(entry, name, address(weight, name, weights))
                 setattr(entry, f"{name}_bias", address(getattr(layer, f"{name}_bias"), f"{name}_bias", f32))
-                setattr(entry, f"{name}_dtype", _WEIGHT_CODES[weight.dtype])
+                in_panels = weight.dim() == 3
+                if in_panels and (weight.dtype is not torch.float32 or weight.shape[2] != PANEL_WIDTH):
+                    raise ValueError(f"decoder_layers: {name} {weight.dtype} {tuple(weight.shape)} is neither "
+                                     f"[N, K] nor float32 panels [N / {PANEL_WIDTH}, K, {PANEL_WIDTH}]")
+                setattr(entry, f"{name}_dtype", _PANELS_CODE if in_panels else _WEIGHT_CODES[weight.dtype])
                 scales = getattr(layer, f"{name}_scales")
                 if (weight.dtype is torch.int8) != (scales is not None):
                     raise ValueError(f"decoder_layers: {name} is {weight.dtype}; int8 weights, and only they, "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import small_rows_linear
+from kernels import panel_linear, small_rows_linear
 from kernels.onednn_linear import prepack
 from kernels.quant_matmul import (
     Fp8Weight,
@@ -63,30 +63,41 @@ class _ExecutionLinear(nn.Module):
 class PackedLinear(_ExecutionLinear):
     """An unquantized float32 or bf16 weight for oneDNN (CPU only; see kernels/onednn_linear.py).
 
-    Where few-row float32 products take the compiled kernel (kernels/small_rows_linear.py: AVX2
-    CPUs), the plain weight is kept for them, and products of more rows call oneDNN with that
-    same plain weight, which it reorders per call: within 5% of a prepacked one at 17-512 rows
-    for the decoder's shapes on the AVX2 EPYC, so the weight is held once. `prepack_too` keeps a
-    prepacked copy as well, for the lm_head: its plain weight is the tied embedding's anyway, and
-    prepacked it is about 20% faster at 17-128 rows (10.3 against 12.9 ms at 17). Elsewhere (bf16,
-    AVX512 CPUs) the weight is only prepacked, as before."""
+    Where the compiled CPU kernels take float32 products (kernels/small_rows_linear.py's
+    skinny_enabled: AVX2 CPUs), a weight whose N is a multiple of 16 is held once, in panels
+    (kernels/panel_linear.py), and every row count takes that kernel: decoding, verification and
+    prefill chunks alike, with bit-identical rows whatever the batch. Another float32 weight keeps
+    its plain [N, K] form for the few-row kernel, and more rows call oneDNN with that same plain
+    weight, which it reorders per call (within 5% of a prepacked one at 17-512 rows for the
+    decoder's shapes on the AVX2 EPYC); `prepack_too` keeps a prepacked copy as well there, for an
+    lm_head (about 20% faster at 17-128 rows). Elsewhere (bf16, AVX512 CPUs) the weight is only
+    prepacked, as before."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, output_sizes: list[int] | None = None,
                  *, float_output: bool = False, prepack_too: bool = False) -> None:
         # weight: [N, K] float32 or bfloat16 on CPU
         super().__init__(weight.shape[1], output_sizes or [weight.shape[0]], bias, float_output)
+        self.panels: torch.Tensor | None = None  # [N / 16, K, 16], for the panel kernel
         self.plain_weight: torch.Tensor | None = None  # [N, K] contiguous, for the few-row kernel
         if weight.dtype == torch.float32 and small_rows_linear.skinny_enabled():
-            self.plain_weight = weight.detach().contiguous()
+            if panel_linear.can_pack(weight):
+                self.panels = panel_linear.pack_panels(weight)
+            else:
+                self.plain_weight = weight.detach().contiguous()
         # An opaque oneDNN tensor: kept as a plain attribute, not a buffer (it has no storage
         # that state_dict or .to() could handle).
-        self.packed = prepack(weight) if self.plain_weight is None or prepack_too else None
+        unpacked = self.panels is None and self.plain_weight is None
+        self.packed = prepack(weight) if unpacked or (prepack_too and self.plain_weight is not None) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, K] -> [num_tokens, N]
+        if self.panels is not None:
+            return self._finish(panel_linear.panel_linear(x, self.panels, self.bias))
         onednn_weight = self.packed if self.packed is not None else self.plain_weight
         return self._finish(small_rows_linear.linear(x, self.plain_weight, self.bias, onednn_weight=onednn_weight))
 
-    def _stored(self) -> list[torch.Tensor]:  # what one forward reads: one of the two forms
+    def _stored(self) -> list[torch.Tensor]:  # what one forward reads: one of the forms
+        if self.panels is not None:
+            return [self.panels]
         return [self.packed if self.packed is not None else self.plain_weight]
 
 

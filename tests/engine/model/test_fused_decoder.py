@@ -113,7 +113,11 @@ def test_it_does_not_apply_to_what_it_does_not_cover() -> None:
 def test_weights_of_unexpected_shapes_take_the_loop() -> None:
     model = _prepared("qwen2_bias")
     # A layer whose o_proj is not [hidden, heads x head_dim] (the C side would trust the sizes).
-    model.layers[1].self_attn.o_proj.plain_weight = model.layers[1].self_attn.o_proj.plain_weight[:, :-2].contiguous()
+    o_proj = model.layers[1].self_attn.o_proj
+    if o_proj.panels is not None:  # held in panels, [N / 16, K, 16]
+        o_proj.panels = o_proj.panels[:, :-2].contiguous()
+    else:
+        o_proj.plain_weight = o_proj.plain_weight[:, :-2].contiguous()
     assert FusedDecoder.build(model.layers, model.norm) is None
 
 
