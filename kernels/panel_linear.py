@@ -8,18 +8,19 @@ compiled kernel (kernels/cpu/panel_linear.cpp) broadcasts each input row's x[m][
 on, costs more than reading the weight does.
 
 Measured on an AVX2 EPYC (2 threads, the embedded model in float32, plain decoding at 1-8
-streams, the forward without the lm_head; both kernels in one process, their steps interleaved,
-medians in ms):
+streams, each step's forward and logits; both kernels in one process, their steps interleaved,
+medians in ms; docs/kernels.md has a second run, on a slower hour, where they drew closer):
 
     rows           1      2      3      4      5      6      7      8
-    row kernel     13.5   15.0   16.2   17.1   18.5   20.1   23.5   25.9
-    panels         12.2   14.4   15.5   15.4   16.9   16.3   21.4   23.1
+    row kernel     16.0   17.1   18.6   19.7   20.9   23.1   26.3   27.0
+    panels         15.8   15.9   17.1   18.3   22.2   20.4   23.8   26.1
 
-The same kernel takes prefill chunks, so the decoder's weights are held once, in panels: at 256
-and 512 rows it runs within about 10% of oneDNN either way by shape (gate_up slower, down and
-the fused q/k/v faster; docs/kernels.md). Each output is one chain of fused multiply-adds over k
-in order, then the bias, whatever the row count: a row's values are bit-identical alone, in a
-batch, or in a prefill chunk.
+The same kernel takes prefill chunks, so the decoder's weights are held once, in panels: whole
+prompts of 36-547 tokens prefilled 15% faster than through oneDNN over the plain weight, and at
+512 rows, weights cycled from memory, it runs within 1% of oneDNN's prepacked product for the
+decoder's shapes and 15% slower for the lm_head (docs/benchmarks.md). Each output is one chain
+of fused multiply-adds over k in order, then the bias, whatever the row count: a row's values
+are bit-identical alone, in a batch, or in a prefill chunk.
 
 Used where the compiled kernels are (skinny_enabled: AVX2 CPUs without AVX512, the kernels
 built) for float32 weights whose N is a multiple of 16 (every Llama-family shape); other weights

@@ -9,9 +9,10 @@
 // multiply-add (R + 1 loads for R multiply-adds): from about 3 rows on a step's products cost
 // more than reading the weight does. Here a weight load serves up to 12 multiply-adds and a
 // broadcast 2, so up to about 6 rows stay bound by reading the weight. Measured on an AVX2 EPYC
-// (2 threads, the embedded model in float32, plain decoding, the forward without the lm_head,
-// both kernels in one process with their steps interleaved; docs/kernels.md): 1 / 4 / 6 / 8
-// rows 13.5 / 17.1 / 20.1 / 25.9 ms with the row kernel, 12.2 / 15.4 / 16.3 / 23.1 with panels.
+// (2 threads, the embedded model in float32, plain decoding, a step's forward and logits, both
+// kernels in one process with their steps interleaved; docs/kernels.md has a second run): 1 / 3
+// / 6 / 8 rows 16.0 / 18.6 / 23.1 / 27.0 ms with the row kernel, 15.8 / 17.1 / 20.4 / 26.1 with
+// panels.
 //
 // The summation order, the same whatever the row count, the grouping or the thread count: each
 // output is one chain of fused multiply-adds over k = 0 .. K-1 from 0 (partial sums that cross a
@@ -150,7 +151,7 @@ void panel_columns(const float* x, int64_t x_stride, const float* w, int64_t K, 
 // Panels taken two at a time: the row counts whose groups would otherwise leave too few
 // accumulator chains for the multiply-add's 4-5 cycle latency (1-3 rows: 2-6 chains on one
 // panel, 4-12 on two; 7-8 rows: groups of 4 on one panel, 8 chains each, against groups of 3 on
-// two, 12). Measured in the forward at 1-3 rows, two panels against one: 14.9-15.2 against
+// two, 12). Measured in the forward at 1-3 rows, two panels against one: 14.9-16.8 against
 // 16.8-18.0 ms.
 inline bool two_panels(int64_t M) { return M <= 3 || M == 7 || M == 8; }
 
