@@ -99,8 +99,9 @@ class DecoderLayerWeights(ctypes.Structure):
 class DecoderLayerTensors:
     """What decoder_layers reads of one layer. Linear weights [N, K] contiguous, float32, bf16
     (widened exactly as read) or int8 with their float32 scales [N] (the *_scales fields, None
-    for the other dtypes), or float32 in panels [N / 16, K, 16] (kernels/panel_linear.py); biases float32 or None; norms float32 [hidden]; the caches float32
-    [num_blocks, num_kv_heads, block_size, head_dim], contiguous."""
+    for the other dtypes), or float32 in panels [N / 16, K, 16] (kernels/panel_linear.py);
+    biases float32 or None; norms float32 [hidden]; the caches float32 [num_blocks,
+    num_kv_heads, block_size, head_dim], contiguous."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
