@@ -5,11 +5,6 @@ checks, and PackedLinear and the compiled decoder holding their weights so."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,8 +14,6 @@ from kernels import panel_linear, small_rows_linear
 from kernels.cpu import CpuKernels
 from kernels.cpu.library import PANEL_WIDTH
 from tests.kernels.test_skinny_linear import assert_within_rounding
-
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "cpu" / "build.py"
 
 
 def test_panels_hold_sixteen_output_channels_per_k() -> None:
@@ -114,12 +107,9 @@ def test_bad_inputs_are_refused_with_a_clear_error(compiled: CpuKernels) -> None
     assert compiled.panel_linear(torch.randn(0, 8), panels).shape == (0, 32)
 
 
-def test_the_portable_build_is_bit_identical(compiled: CpuKernels, tmp_path: Path) -> None:
+def test_the_portable_build_is_bit_identical(compiled: CpuKernels, portable: CpuKernels) -> None:
     """Built with DRAFTGATE_PORTABLE (no intrinsics), the kernel sums in the same order as the
     native build, so the two agree bit for bit."""
-    command = [sys.executable, str(BUILD_SCRIPT), "--cache-dir", str(tmp_path), "--flag=-DDRAFTGATE_PORTABLE"]
-    path = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout)["path"]
-    portable = CpuKernels(Path(path))
     generator = torch.Generator().manual_seed(11)
     for rows, in_features in ((1, 576), (2, 43), (3, 130), (7, 576), (8, 300), (13, 1536), (40, 37)):
         x = torch.randn(rows, in_features, generator=generator)

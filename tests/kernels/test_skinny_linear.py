@@ -4,11 +4,6 @@ and the dispatch (kernels/small_rows_linear.py, PackedLinear) that sends few row
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +13,6 @@ from kernels import small_rows_linear
 from kernels.cpu import CpuKernels
 from kernels.onednn_linear import onednn_available
 
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "cpu" / "build.py"
 FLOAT32_EPS = 2.0 ** -24  # unit roundoff
 
 
@@ -138,12 +132,9 @@ def test_bad_shapes_raise(compiled: CpuKernels) -> None:
     assert torch.equal(compiled.try_skinny_linear(x, weight), compiled.skinny_linear(x, weight))
 
 
-def test_the_portable_build_is_bit_identical(compiled: CpuKernels, tmp_path: Path) -> None:
+def test_the_portable_build_is_bit_identical(compiled: CpuKernels, portable: CpuKernels) -> None:
     """Built with DRAFTGATE_PORTABLE (no intrinsics), the kernel sums in the same order as the
     native build, so the two agree bit for bit."""
-    command = [sys.executable, str(BUILD_SCRIPT), "--cache-dir", str(tmp_path), "--flag=-DDRAFTGATE_PORTABLE"]
-    path = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout)["path"]
-    portable = CpuKernels(Path(path))
     generator = torch.Generator().manual_seed(11)
     for rows, in_features in ((1, 576), (6, 43), (10, 576), (13, 576), (13, 1536), (40, 37)):
         x = torch.randn(rows, in_features, generator=generator)
