@@ -26,10 +26,9 @@ from kernels.cpu import CpuKernels, DecoderLayerTensors, DecoderStack, cpu_kerne
 def _weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
     """The weight the few-row kernels read (float32 panels, or a plain [N, K] weight), the bias and
     an int8 weight's scales, or None for another form."""
-    if isinstance(linear, PackedLinear) and linear.panels is not None and not linear.float_output:
-        return linear.panels, linear.bias, None
-    if isinstance(linear, PackedLinear) and linear.plain_weight is not None and not linear.float_output:
-        return linear.plain_weight, linear.bias, None
+    if isinstance(linear, PackedLinear) and not linear.float_output:
+        weight = linear.panels if linear.panels is not None else linear.plain_weight
+        return None if weight is None else (weight, linear.bias, None)
     if isinstance(linear, Bf16WeightLinear) and not linear.float_output:
         return linear.weight_bf16, linear.bias, None
     if isinstance(linear, Int8WeightLinear) and not linear.float_output:

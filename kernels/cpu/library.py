@@ -394,21 +394,27 @@ class CpuKernels:
 
     def _run_skinny_linear(self, kernel: ctypes._CFuncPtr, x: torch.Tensor, weight: torch.Tensor,
                            bias: torch.Tensor | None, scales: torch.Tensor | None = None) -> torch.Tensor:
-        rows, in_features = x.shape
         out_features = weight.shape[0]
-        if weight.dim() != 2 or weight.shape[1] != in_features or (bias is not None and bias.shape != (out_features,)):
+        if weight.dim() != 2 or weight.shape[1] != x.shape[1] or (bias is not None and bias.shape != (out_features,)):
             raise ValueError(f"skinny_linear: x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
                              f"{None if bias is None else tuple(bias.shape)} do not match")
+        pointers = (weight.data_ptr(),) if scales is None else (weight.data_ptr(), scales.data_ptr())
+        return self._call_linear(kernel, "skinny_linear", x, pointers, out_features, bias)
+
+    def _call_linear(self, kernel: ctypes._CFuncPtr, what: str, x: torch.Tensor, weight_pointers: tuple[int, ...],
+                     out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+        """The call the linear kernels share (one C signature but for the weight's pointers), on
+        tensors the caller checked: [rows, out_features] float32."""
+        rows, in_features = x.shape
         if bias is not None:
             bias = bias.contiguous()
         out = torch.empty((rows, out_features), dtype=torch.float32)
         error = self._error_buffer()
-        pointers = (weight.data_ptr(),) if scales is None else (weight.data_ptr(), scales.data_ptr())
-        status = kernel(x.data_ptr(), x.stride(0) if rows > 1 else in_features, *pointers,
+        status = kernel(x.data_ptr(), x.stride(0) if rows > 1 else in_features, *weight_pointers,
                         bias.data_ptr() if bias is not None else None, out.data_ptr(), rows,
                         out_features, in_features, torch.get_num_threads(), error, _ERROR_LEN)
         if status != 0:
-            raise ValueError(f"skinny_linear: {error.value.decode()}")
+            raise ValueError(f"{what}: {error.value.decode()}")
         return out
 
     def panel_linear(
@@ -425,20 +431,10 @@ class CpuKernels:
                 or not panels.is_contiguous() or not panels.is_cpu or panels.shape[1] != x.shape[1]):
             raise ValueError(f"panel_linear: x {x.dtype} {tuple(x.shape)} and panels {panels.dtype} "
                              f"{tuple(panels.shape)} (float32 [rows, K] and [N / {PANEL_WIDTH}, K, {PANEL_WIDTH}])")
-        rows, in_features = x.shape
         out_features = panels.shape[0] * PANEL_WIDTH
-        if bias is not None:
-            if bias.dtype is not torch.float32 or not bias.is_cpu or bias.shape != (out_features,):
-                raise ValueError(f"panel_linear: bias {bias.dtype} {tuple(bias.shape)} for {out_features} outputs")
-            bias = bias.contiguous()
-        out = torch.empty((rows, out_features), dtype=torch.float32)
-        error = self._error_buffer()
-        status = self._panel_linear(x.data_ptr(), x.stride(0) if rows > 1 else in_features, panels.data_ptr(),
-                                    bias.data_ptr() if bias is not None else None, out.data_ptr(), rows,
-                                    out_features, in_features, torch.get_num_threads(), error, _ERROR_LEN)
-        if status != 0:
-            raise ValueError(f"panel_linear: {error.value.decode()}")
-        return out
+        if bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu or bias.shape != (out_features,)):
+            raise ValueError(f"panel_linear: bias {bias.dtype} {tuple(bias.shape)} for {out_features} outputs")
+        return self._call_linear(self._panel_linear, "panel_linear", x, (panels.data_ptr(),), out_features, bias)
 
     @staticmethod
     def decoder_layer_weights(layers: list[DecoderLayerTensors]) -> ctypes.Array:
