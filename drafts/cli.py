@@ -63,7 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "with --eagle, an exported EAGLE head to train further")
     distill.add_argument("--no-shared-embedding", action="store_true",
                          help="train the draft's own embedding and head instead of borrowing the target's")
-    distill.add_argument("--draft-vocab-size", type=int, default=None, help="reduced output vocabulary (default: full)")
+    distill.add_argument("--draft-vocab-size", type=int, default=None,
+                         help="reduced output vocabulary: the data's most frequent tokens (default: full)")
+    distill.add_argument("--draft-vocab-from", default=None, metavar="DRAFT_FOLDER",
+                         help="keep this exported draft's reduced vocabulary instead (e.g. the head that "
+                              "--init-checkpoint continues, on data weighted toward one kind of text)")
     distill.add_argument("--top-k", type=int, default=64, help="teacher tokens per position (the rest is one tail bucket)")
     distill.add_argument("--teacher", choices=("precompute", "online"), default="precompute")
     distill.add_argument("--teacher-batch-size", type=int, default=8)
@@ -138,7 +142,7 @@ def _distill(args: argparse.Namespace) -> int:
     options = DistillOptions(
         target=args.target, data_dir=args.data, run_dir=args.run, layers=args.layers,
         init_checkpoint=args.init_checkpoint, shared_embedding=not args.no_shared_embedding,
-        draft_vocab_size=args.draft_vocab_size, top_k=args.top_k, teacher=args.teacher,
+        draft_vocab_size=args.draft_vocab_size, draft_vocab_from=args.draft_vocab_from, top_k=args.top_k, teacher=args.teacher,
         teacher_batch_size=args.teacher_batch_size, device=args.device, target_dtype=args.target_dtype,
         autocast=args.autocast, export_dir=args.export, export_dtype=args.export_dtype, train=train,
         eagle=args.eagle, unroll=args.unroll,

@@ -21,7 +21,7 @@ from engine.spec_decode.draft_model import load_draft_model
 from drafts.checkpoint import DraftMeta, load_checkpoint
 from drafts.data.corpus import Corpus
 from drafts.eagle import EagleDistiller, TrainableEagle, init_eagle
-from drafts.export import export_draft
+from drafts.export import export_draft, read_draft_folder
 from drafts.features import FeatureCache
 from drafts.init_draft import DraftInit, init_from_checkpoint, init_from_target, parse_layer_ids
 from drafts.model import TrainableLlama
@@ -44,6 +44,10 @@ class DistillOptions:
     init_checkpoint: str | None = None  # another model (same tokenizer) to take the layers from
     shared_embedding: bool = True
     draft_vocab_size: int | None = None  # None: the full vocabulary
+    # A draft folder whose draft vocabulary to keep (instead of the corpus's most frequent
+    # tokens): continuing a head on a corpus weighted toward one kind of text would otherwise
+    # narrow its vocabulary to that kind.
+    draft_vocab_from: str | None = None
     top_k: int = 64
     teacher: str = "precompute"  # "precompute" (cached top-k) or "online"
     teacher_batch_size: int = 8
@@ -65,6 +69,8 @@ class DistillOptions:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.export_dtype not in _DTYPES:
             raise ValueError(f"export_dtype must be one of {', '.join(_DTYPES)}, got {self.export_dtype!r}")
+        if self.draft_vocab_size is not None and self.draft_vocab_from is not None:
+            raise ValueError("give draft_vocab_size or draft_vocab_from, not both")
         if self.target_dtype != "auto" and self.target_dtype not in _DTYPES:
             raise ValueError(f"target_dtype must be 'auto' or one of {', '.join(_DTYPES)}, got {self.target_dtype!r}")
 
@@ -90,6 +96,8 @@ def build_draft(options: DistillOptions, target: Target, corpus: Corpus) -> tupl
         if options.draft_vocab_size is not None:
             counts = count_tokens(corpus.tokens, target.arch.vocab_size)
             vocab_ids = select_draft_vocab(counts, options.draft_vocab_size, target.tokenizer.all_special_ids)
+        elif options.draft_vocab_from is not None:
+            vocab_ids = _folder_vocab(options.draft_vocab_from, target)
         layer_ids = None
     if options.eagle:
         # One layer: --layers names it (a bare number is a layer id here, not a count).
@@ -122,6 +130,19 @@ def build_draft(options: DistillOptions, target: Target, corpus: Corpus) -> tupl
     meta = DraftMeta(target=target.name, arch=draft.arch, shared_embedding=options.shared_embedding,
                      layer_ids=list(layer_ids), vocab_ids=vocab_ids, init_source=source)
     return draft, meta
+
+
+def _folder_vocab(folder: str, target: Target) -> torch.Tensor:  # [Vd] int64 sorted target ids
+    """The draft vocabulary of an exported draft folder, checked against the target."""
+    vocab_ids = read_draft_folder(folder)[3]
+    if vocab_ids is None:
+        raise ValueError(f"draft folder {folder!r} has no reduced vocabulary to keep (it drafts over the full one)")
+    if int(vocab_ids.max()) >= target.arch.vocab_size:
+        raise ValueError(f"draft folder {folder!r}: its vocabulary holds ids past the target's {target.arch.vocab_size}")
+    missing = set(target.tokenizer.all_special_ids) - set(vocab_ids.tolist())
+    if missing:  # end of turn must stay proposable (drafts/vocab.py)
+        raise ValueError(f"draft folder {folder!r}: its vocabulary lacks the special tokens {sorted(missing)}")
+    return vocab_ids
 
 
 def _warm_start_eagle(head: TrainableEagle, folder: str, target: Target) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from drafts.checkpoint import DraftMeta
@@ -161,3 +162,36 @@ def test_eval_replays_the_head_through_the_engine(tiny_target: Target, tmp_path:
     k1 = greedy_steps([m[0] for m in matches], 1).summary()
     assert report["greedy"]["code"][1] == k1
     assert set(report["greedy"]) == {"code", "all"}
+
+
+def test_a_continued_head_can_keep_its_draft_vocabulary(tiny_target: Target, tmp_path: Path) -> None:
+    """--draft-vocab-from: the vocabulary comes from a draft folder, not from the corpus counts;
+    with both options, a folder without a reduced vocabulary, or one lacking a special token,
+    a clear error."""
+    from drafts.pipeline import DistillOptions, build_draft
+    corpus = _corpus()
+    specials = sorted(tiny_target.tokenizer.all_special_ids)
+    kept = torch.tensor(sorted(set(range(1, 200, 7)) | set(specials)))
+    export_draft(init_eagle(tiny_target, 3, kept), str(tmp_path / "head"), target_name=tiny_target.name,
+                 shared_embedding=True, dtype=torch.float32)
+    options = DistillOptions(target=None, data_dir="", run_dir=str(tmp_path / "run"), eagle=True,
+                             init_checkpoint=str(tmp_path / "head"), draft_vocab_from=str(tmp_path / "head"))
+    head, meta = build_draft(options, tiny_target, corpus)
+    assert torch.equal(meta.vocab_ids, kept) and torch.equal(head.vocab_ids, kept)
+    by_counts, _ = build_draft(DistillOptions(target=None, data_dir="", run_dir=str(tmp_path / "run2"), eagle=True,
+                                              draft_vocab_size=len(kept)), tiny_target, corpus)
+    assert not torch.equal(by_counts.vocab_ids, kept)  # the corpus's most frequent tokens differ
+
+    with pytest.raises(ValueError, match="not both"):
+        DistillOptions(target=None, data_dir="", run_dir="r", draft_vocab_size=8, draft_vocab_from="x")
+    export_draft(init_eagle(tiny_target, 3, None), str(tmp_path / "full"), target_name=tiny_target.name,
+                 shared_embedding=True, dtype=torch.float32)
+    with pytest.raises(ValueError, match="no reduced vocabulary"):
+        build_draft(DistillOptions(target=None, data_dir="", run_dir=str(tmp_path / "run3"), eagle=True,
+                                   draft_vocab_from=str(tmp_path / "full")), tiny_target, corpus)
+    export_draft(init_eagle(tiny_target, 3, torch.tensor([1, 2, 3])), str(tmp_path / "bare"),
+                 target_name=tiny_target.name, shared_embedding=True, dtype=torch.float32)
+    assert set(specials) - {1, 2, 3}  # the harness's ChatML specials are 256-258
+    with pytest.raises(ValueError, match="special tokens"):
+        build_draft(DistillOptions(target=None, data_dir="", run_dir=str(tmp_path / "run4"), eagle=True,
+                                   draft_vocab_from=str(tmp_path / "bare")), tiny_target, corpus)
