@@ -142,8 +142,9 @@ def _distill(args: argparse.Namespace) -> int:
     options = DistillOptions(
         target=args.target, data_dir=args.data, run_dir=args.run, layers=args.layers,
         init_checkpoint=args.init_checkpoint, shared_embedding=not args.no_shared_embedding,
-        draft_vocab_size=args.draft_vocab_size, draft_vocab_from=args.draft_vocab_from, top_k=args.top_k, teacher=args.teacher,
-        teacher_batch_size=args.teacher_batch_size, device=args.device, target_dtype=args.target_dtype,
+        draft_vocab_size=args.draft_vocab_size, draft_vocab_from=args.draft_vocab_from, top_k=args.top_k,
+        teacher=args.teacher, teacher_batch_size=args.teacher_batch_size, device=args.device,
+        target_dtype=args.target_dtype,
         autocast=args.autocast, export_dir=args.export, export_dtype=args.export_dtype, train=train,
         eagle=args.eagle, unroll=args.unroll,
     )

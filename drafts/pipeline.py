@@ -138,7 +138,8 @@ def _folder_vocab(folder: str, target: Target) -> torch.Tensor:  # [Vd] int64 so
     if vocab_ids is None:
         raise ValueError(f"draft folder {folder!r} has no reduced vocabulary to keep (it drafts over the full one)")
     if int(vocab_ids.max()) >= target.arch.vocab_size:
-        raise ValueError(f"draft folder {folder!r}: its vocabulary holds ids past the target's {target.arch.vocab_size}")
+        raise ValueError(f"draft folder {folder!r}: its vocabulary holds ids past the target's "
+                         f"{target.arch.vocab_size}")
     missing = set(target.tokenizer.all_special_ids) - set(vocab_ids.tolist())
     if missing:  # end of turn must stay proposable (drafts/vocab.py)
         raise ValueError(f"draft folder {folder!r}: its vocabulary lacks the special tokens {sorted(missing)}")
