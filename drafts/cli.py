@@ -1,9 +1,10 @@
-"""`python -m drafts data|distill|export|eval`: the draft pipeline's command line.
+"""`python -m drafts data|distill|export|eval|suffix-corpus`: the draft pipeline's command line.
 
     python -m drafts data    --out runs/d/data            # stdlib + target transcripts + held-out prompts
     python -m drafts distill --data runs/d/data --run runs/d/train --export drafts/smollm2-135m-draft
     python -m drafts export  --run runs/d/train --out drafts/smollm2-135m-draft
     python -m drafts eval    --data runs/d/data --draft drafts/smollm2-135m-draft --out runs/d/eval
+    python -m drafts suffix-corpus --data runs/d/data --out drafts/smollm2-135m-suffix-corpus.npy
 
 --target names the target as the engine does (nothing: the embedded SmolLM2-135M-Instruct; a
 GGUF file; a Hugging Face folder). Every command can be stopped and started again: data reuses
@@ -98,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--engine-dtype", default="float32",
                           help="dtype of the target's continuations (float32: the reference)")
     evaluate.add_argument("--seed", type=int, default=0)
+
+    corpus = sub.add_parser("suffix-corpus", help="the target's answers in a data folder's transcripts, as a "
+                                                  "corpus for suffix drafting (--suffix-corpus)")
+    _add_target(corpus)
+    corpus.add_argument("--data", required=True, help="data folder built by `data` (its transcripts/)")
+    corpus.add_argument("--out", required=True, help=".npy file to write")
     return parser
 
 
@@ -109,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return _data(args)
     if args.command == "distill":
         return _distill(args)
+    if args.command == "suffix-corpus":
+        return _suffix_corpus(args)
     if args.command == "export":
         from drafts.pipeline import export_run
 
@@ -160,6 +169,17 @@ def _draft_kind(folder: str) -> str:
         return "layers"
     with open(config, encoding="utf-8") as f:
         return (json.load(f).get("draftgate") or {}).get("kind", "layers")
+
+
+def _suffix_corpus(args: argparse.Namespace) -> int:
+    from engine.model.resolve import resolve_model
+    from engine.model.tokenizer import load_tokenizer
+
+    from drafts.suffix_corpus import write_suffix_corpus
+
+    counts = write_suffix_corpus(args.data, args.out, load_tokenizer(resolve_model(args.target)))
+    print(f"wrote {args.out}: " + ", ".join(f"{name} {count}" for name, count in counts.items()))
+    return 0
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -143,6 +143,10 @@ class SpeculativeConfig:
     under a float32 target where `dtype="auto"` would take bfloat16: there the draft runs in
     bfloat16; on AVX2 CPUs, where it stays float32, see draft_weights) or a dtype ("float32":
     all of it in float32).
+    suffix_corpus: a fixed corpus of the target's past outputs that suffix matching ("suffix",
+    "hybrid") also follows (a .npy of token ids, documents ended by -1: `python -m drafts
+    suffix-corpus`; engine/spec_decode/corpus.py): None takes the one shipped for the embedded
+    model (only when the target is the embedded model), "none" none.
     draft_weights: how a float32 draft on a CPU whose few-row products take the compiled kernel
     (AVX2) holds its weights, computing in float32 over them: "bf16" (half the bytes, exact for
     the shipped drafts' bf16 layers), "int8" (a quarter, one scale per row: rounds them), "dtype"
@@ -159,6 +163,7 @@ class SpeculativeConfig:
     adaptive: bool = True
     draft_dtype: str = "auto"
     draft_weights: str = "auto"
+    suffix_corpus: str | None = None
 
     def __post_init__(self) -> None:
         _require(self.draft_weights in DRAFT_WEIGHT_FORMATS, "draft_weights",
@@ -243,6 +248,7 @@ def build_engine_config(
     adaptive_speculation: bool = True,
     draft_dtype: str = "auto",
     draft_weights: str = "auto",
+    suffix_corpus: str | None = None,
 ) -> EngineConfig:
     """One place that turns keyword options (offline API and CLI alike) into EngineConfig."""
     if isinstance(kv_cache_memory, str):
@@ -271,5 +277,6 @@ def build_engine_config(
         speculative=SpeculativeConfig(method=speculative, draft_model=draft,
                                       num_speculative_tokens=num_speculative_tokens,
                                       num_suffix_tokens=num_suffix_tokens, adaptive=adaptive_speculation,
-                                      draft_dtype=draft_dtype, draft_weights=draft_weights),
+                                      draft_dtype=draft_dtype, draft_weights=draft_weights,
+                                      suffix_corpus=suffix_corpus),
     )

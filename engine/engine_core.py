@@ -22,6 +22,7 @@ from engine.model.tokenizer import Tokenizer, load_tokenizer
 from engine.protocol import AddRequest, EngineReady, EngineStats, RequestDelta, TokenLogprobs
 from engine.request import Request, RequestStatus
 from engine.structured_output.matcher import StructuredOutputManager
+from engine.spec_decode.corpus import resolve_suffix_corpus_path
 from engine.spec_decode.draft_model import resolve_draft_path
 from engine.worker.model_runner import ModelRunner
 
@@ -37,7 +38,8 @@ class EngineCore:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         draft_path = resolve_draft_path(config.speculative, resolved) if config.speculative.uses_draft_model else None
         self.runner = ModelRunner(resolved, config.model, config.cache, config.scheduler, config.device,
-                                  self.eos_token_ids, config.speculative, draft_path)
+                                  self.eos_token_ids, config.speculative, draft_path,
+                                  resolve_suffix_corpus_path(config.speculative, resolved))
         self.vocab_size = self.runner.vocab_size
         num_blocks = self.runner.determine_num_blocks()
         block_size = config.cache.block_size

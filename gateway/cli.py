@@ -30,6 +30,7 @@ from engine.config import (
     parse_bytes,
 )
 from engine.model.resolve import resolve_model, shipped_draft_path
+from engine.spec_decode.corpus import resolve_suffix_corpus_path
 from gateway.app import create_app
 from gateway.canonical.policy import POLICY_HEADER, POLICY_NAMES
 from gateway.config import GatewayConfig, gateway_env
@@ -83,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--num-suffix-tokens", type=int, default=16,
                        help="most tokens suffix matching drafts per request per step (1-32; its drafts cost no "
                             "model compute, so its cap is longer)")
+    model.add_argument("--suffix-corpus", default=None, metavar="PATH|none",
+                       help="a corpus of the model's past outputs that suffix matching (suffix, hybrid) also "
+                            "follows: a .npy of token ids, documents ended by -1 (python -m drafts suffix-corpus); "
+                            "default: the one shipped for the embedded model; none: no corpus")
     model.add_argument("--no-adaptive-speculation", action="store_true",
                        help="always draft up to --num-speculative-tokens (draft model) and --num-suffix-tokens "
                             "(suffix), whatever the acceptance and batch size")
@@ -159,7 +164,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         speculative=default_speculation(args.model, args.draft) if args.speculative == "auto" else args.speculative,
         draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
         num_suffix_tokens=args.num_suffix_tokens, adaptive_speculation=not args.no_adaptive_speculation,
-        draft_dtype=args.draft_dtype, draft_weights=args.draft_weights,
+        draft_dtype=args.draft_dtype, draft_weights=args.draft_weights, suffix_corpus=args.suffix_corpus,
     )
     return GatewayConfig(
         engine=engine, host=args.host, port=args.port,
@@ -248,10 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)
-        resolve_model(config.engine.model.model)  # a wrong path fails here, before the server starts
+        resolved = resolve_model(config.engine.model.model)  # a wrong path fails here, before the server starts
         draft = config.engine.speculative.draft_model
         if draft is not None and not os.path.exists(draft):
             raise FileNotFoundError(f"draft {draft!r} does not exist (a draft folder or a .gguf file)")
+        resolve_suffix_corpus_path(config.engine.speculative, resolved)
     except (ValueError, FileNotFoundError) as error:
         print(f"draftgate: error: {error}", file=sys.stderr)
         return 2

@@ -14,6 +14,9 @@ EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 # EAGLE head (engine/spec_decode/eagle.py). drafts/smollm2-135m-draft is the earlier standalone
 # 3-layer draft, kept for comparison (--draft drafts/smollm2-135m-draft).
 SHIPPED_DRAFT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "drafts", "smollm2-135m-eagle")
+# The suffix corpus shipped for the embedded model: its own answers to the draft's training
+# prompts, which suffix drafting follows where they continue the context (engine/spec_decode/corpus.py).
+SHIPPED_SUFFIX_CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "drafts", "smollm2-135m-suffix-corpus.npy")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,13 @@ def resolve_model(model: str | None) -> ResolvedModel:
         f"model {model!r} is neither a .gguf file nor a Hugging Face checkpoint folder "
         "(downloads from a hub are not supported: pass a local path)"
     )
+
+
+def shipped_suffix_corpus_path(target: ResolvedModel) -> str | None:
+    """The suffix corpus shipped for this target (only the embedded model has one), or None."""
+    if target.name == EMBEDDED_MODEL_NAME and os.path.isfile(SHIPPED_SUFFIX_CORPUS):
+        return os.path.abspath(SHIPPED_SUFFIX_CORPUS)
+    return None
 
 
 def shipped_draft_path(target: ResolvedModel) -> str | None:

@@ -23,7 +23,9 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   of a draft model gains p^j. Suffix drafts are counted as a first draft and its continuation
   apart (rates(): a repeated stretch goes on or ends at once), so the j-th gains
   first * continued^(j-1); they also carry their vote's own confidence, and the gain is the
-  smaller of the two. A pooled suffix rate below the prior that no verification tries moves
+  smaller of the two. Suffix drafts followed in a fixed corpus (corpus.py; Proposal.from_corpus)
+  keep counts of their own (source "corpus"), apart from those of the context's and recent
+  outputs' (SUFFIX_SOURCES). A pooled suffix rate below the prior that no verification tries moves
   back toward the prior, plan by plan (UNTRIED_DECAY), or a few early rejections could keep it
   low, and so untried, for good.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
@@ -217,6 +219,12 @@ class Acceptance:
 # Where every pooled rate starts, and where an untried one returns: 0.5 for the first draft and for
 # the later ones, weighing one trial each.
 POOLED_PRIOR = Acceptance(1.0, 2.0, 0.5, 1.0)
+# Where suffix drafts come from, each with acceptance estimates of its own: the request's context
+# and recent outputs ("suffix"), or the fixed corpus (corpus.py). A corpus's drafts follow the
+# model's idiom in other answers, and on chat they were accepted far less often than the votes
+# said; pooled with the context's, they pulled agent turns' estimates down too.
+SUFFIX_SOURCES = ("suffix", "corpus")
+METHODS = (*SUFFIX_SOURCES, "draft")
 
 
 class SpeculationController:
@@ -239,9 +247,10 @@ class SpeculationController:
         acceptance (a prior of p = 0.5)."""
         self.cost = StepCostModel()
         self.draft_cost = DraftCostModel()
-        self._pooled = {method: replace(POOLED_PRIOR) for method in ("suffix", "draft")}
-        # Which pooled suffix rates ("first", "continued") verifications tried since the last plan.
-        self._suffix_tried: set[str] = set()
+        self._pooled = {method: replace(POOLED_PRIOR) for method in METHODS}
+        # Per suffix source, which pooled rates ("first", "continued") verifications tried since
+        # the last plan.
+        self._tried: dict[str, set[str]] = {method: set() for method in SUFFIX_SOURCES}
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
@@ -322,10 +331,10 @@ class SpeculationController:
             self._pooled_standing.tokens += num_accepted
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
         self._pooled[method].update(num_drafted, num_accepted, POOLED_DECAY)
-        if method == "suffix":
-            self._suffix_tried.add("first")
+        if method in SUFFIX_SOURCES:
+            self._tried[method].add("first")
             if num_accepted and num_drafted > 1:  # a later draft was verified
-                self._suffix_tried.add("continued")
+                self._tried[method].add("continued")
         if method == "draft" and token_probs:
             self.calibration.update(token_probs[:num_drafted], num_accepted)
 
@@ -549,12 +558,13 @@ class SpeculationController:
         return chosen
 
     def _age_untried(self) -> None:
-        """Pooled suffix rates no verification tried since the last plan move toward the prior
-        (UNTRIED_DECAY)."""
-        first, continued = "first" not in self._suffix_tried, "continued" not in self._suffix_tried
-        if first or continued:
-            self._pooled["suffix"].age_toward(POOLED_PRIOR, UNTRIED_DECAY, first=first, continued=continued)
-        self._suffix_tried.clear()
+        """Pooled suffix rates (of either source) no verification tried since the last plan move
+        toward the prior (UNTRIED_DECAY)."""
+        for method, tried in self._tried.items():
+            first, continued = "first" not in tried, "continued" not in tried
+            if first or continued:
+                self._pooled[method].age_toward(POOLED_PRIOR, UNTRIED_DECAY, first=first, continued=continued)
+            tried.clear()
 
     def _skip_step(self, requests: list[ProposalRequest]) -> None:
         """A step the gate keeps shut: no proposer runs (the suffix index and a draft model
@@ -576,10 +586,11 @@ class SpeculationController:
             verify = self.cost.token_seconds(contexts[request.req_id])
             per_request: list[Candidate] = []
             if request.req_id in suffix:
-                first, continued = self.rates(request.req_id, "suffix")
+                source = "corpus" if suffix[request.req_id].from_corpus else "suffix"
+                first, continued = self.rates(request.req_id, source)
                 confidence = suffix[request.req_id].confidence[: request.num_drafts]
                 gains = [min(c, first * continued ** j) for j, c in enumerate(confidence)]
-                per_request.append(Candidate(request.req_id, gains, verify, "suffix"))
+                per_request.append(Candidate(request.req_id, gains, verify, source))
             if self.draft is not None:
                 p = self.acceptance(request.req_id, "draft")
                 gains = [p ** j for j in range(1, min(request.num_drafts, self.draft_tokens) + 1)]
@@ -720,7 +731,7 @@ class SpeculationController:
             self.suffix.forget_outputs()
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
-        for method in ("suffix", "draft"):
+        for method in METHODS:
             self._acceptance.pop((req_id, method), None)
         self._idle_steps.pop(req_id, None)
         self._standing.pop(req_id, None)

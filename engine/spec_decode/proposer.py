@@ -47,6 +47,9 @@ class Proposal:
     # A draft model's own probability of each drafted token (its softmax, where it knows one):
     # what the controller calibrates its confidence on (engine/spec_decode/calibration.py).
     token_probs: list[float] = field(default_factory=list)
+    # Suffix drafts followed in a fixed corpus (engine/spec_decode/corpus.py) rather than in the
+    # request's context or recent outputs: the controller learns their acceptance apart.
+    from_corpus: bool = False
 
 
 class Proposer(Protocol):

@@ -29,6 +29,7 @@ from engine.spec_decode.cost_model import attention_work
 from engine.spec_decode.draft_model import DraftModelProposer, load_draft_model
 from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
+from engine.spec_decode.corpus import SuffixCorpus
 from engine.spec_decode.suffix import SuffixProposer
 from engine.worker.alternatives import MAX_PAIRS, SCRATCH_BLOCKS, PairedInputs, copy_blocks, copy_slots, pair_inputs
 from engine.worker.huge_pages import collapse_into_huge_pages, module_tensors
@@ -120,8 +121,10 @@ class ModelRunner:
         eos_token_ids: frozenset[int],
         speculative_config: SpeculativeConfig | None = None,
         draft_path: str | None = None,
+        suffix_corpus_path: str | None = None,
     ) -> None:
-        """draft_path: the resolved draft model for speculative_config methods that use one."""
+        """draft_path: the resolved draft model for speculative_config methods that use one;
+        suffix_corpus_path: the resolved suffix corpus (loaded once, for every suffix proposer)."""
         self.device = resolve_device(device_config)
         self.dtype = resolve_dtype(model_config, self.device)
         if device_config.num_threads is not None and self.device.type == "cpu":
@@ -150,6 +153,8 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
 
         self.speculative_config = speculative_config or SpeculativeConfig()
+        self._suffix_corpus_path = suffix_corpus_path
+        self._suffix_corpus: SuffixCorpus | None = None  # loaded by the first suffix proposer
         self._draft_model_name = self.speculative_config.draft_model
         self.draft = None
         self.draft_dtype = self.dtype
@@ -254,9 +259,14 @@ class ModelRunner:
                 draft_proposer = self._draft_proposer_class(self.draft, num_blocks=self.num_blocks,
                                                             block_size=self.block_size, device=self.device,
                                                             dtype=self.draft_dtype)
-            suffix = (SuffixProposer(max_drafts=config.num_suffix_tokens) if config.method in ("suffix", "hybrid")
-                      else None)
+            suffix = (SuffixProposer(max_drafts=config.num_suffix_tokens, corpus=self._load_suffix_corpus())
+                      if config.method in ("suffix", "hybrid") else None)
             self.spec = SpeculationController(config, suffix=suffix, draft=draft_proposer)
+
+    def _load_suffix_corpus(self) -> SuffixCorpus | None:
+        if self._suffix_corpus is None and self._suffix_corpus_path is not None:
+            self._suffix_corpus = SuffixCorpus.load(self._suffix_corpus_path)
+        return self._suffix_corpus
 
     def set_speculative_method(self, method: str) -> None:
         """Another speculative method for an idle runner, with fresh proposers (a draft model's

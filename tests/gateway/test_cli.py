@@ -67,6 +67,13 @@ def test_speculation_caps() -> None:
     assert caps("--num-speculative-tokens", "3", "--num-suffix-tokens", "24") == (3, 24)
 
 
+def test_suffix_corpus_option() -> None:
+    def corpus(*argv: str) -> str | None:
+        return config_from_args(build_parser().parse_args(["serve", *argv]), environ={}).engine.speculative.suffix_corpus
+    assert corpus() is None  # the shipped one, for the embedded model
+    assert corpus("--suffix-corpus", "none") == "none"
+
+
 def test_draft_dtype_option() -> None:
     def draft_dtype(*argv: str) -> str:
         return config_from_args(build_parser().parse_args(["serve", *argv]), environ={}).engine.speculative.draft_dtype
@@ -78,6 +85,7 @@ def test_draft_dtype_option() -> None:
     (["serve", "--num-suffix-tokens", "0"], "num_suffix_tokens"),
     (["serve", "--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
     (["serve", "--draft", "/some/draft"], "/some/draft"),
+    (["serve", "--suffix-corpus", "/some/corpus.npy"], "/some/corpus.npy"),
     (["serve", "--speculative", "none", "--draft", "drafts/smollm2-135m-eagle"], "draft"),
     (["serve", "--max-body-size", "lots"], "max_body_size"),
     (["serve", "--port", "70000"], "port"),

@@ -4,6 +4,7 @@ token-identical to plain decoding, across batching, chunked prefill, prefix hits
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,6 +12,7 @@ from engine import LLM, SamplingParams
 from engine.config import SpeculativeConfig
 from engine.model.resolve import SHIPPED_DRAFT_DIR, embedded_gguf_path
 from engine.protocol import AddRequest
+from engine.spec_decode.corpus import SuffixCorpus
 from engine.spec_decode.draft_model import position_slots
 from engine.worker.model_runner import auto_dtype, resolve_draft_dtype
 
@@ -282,3 +284,21 @@ def test_runners_up_keep_seeded_sampling_identical() -> None:
               adaptive_speculation=False, kv_cache_memory="64MiB")
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
     assert llm.stats().spec_num_accepted_alternatives > 0
+
+
+@pytest.mark.parametrize("schedule", ["chunked", "preempted"])
+def test_a_suffix_corpus_drafts_and_keeps_greedy_output_identical(schedule: str, reference: list[list[int]],
+                                                                 tmp_path) -> None:
+    """A corpus holding the very answers: suffix drafting follows it from the first request on
+    (no recent outputs yet), and the output is still the target's. Not adaptive: every proposal
+    is verified, whatever the plan would price it at on this machine."""
+    path = str(tmp_path / "corpus.npy")
+    np.save(path, SuffixCorpus.from_documents(reference).tokens)
+    accepted = {}
+    for corpus in ("none", path):
+        llm = LLM(dtype="float32", speculative="suffix", suffix_corpus=corpus, adaptive_speculation=False,
+                  **SCHEDULES[schedule])
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert [o.token_ids for o in outputs] == reference
+        accepted[corpus] = llm.stats().spec_num_accepted_tokens
+    assert accepted[path] >= accepted["none"] + 20
