@@ -6,8 +6,8 @@ outputs, and a model's answers repeat its own idiom across requests (docstring l
 blocks, `if __name__ == "__main__":`, the phrasing of its explanations). SuffixDecoding builds its
 global tree from a workload's earlier outputs for this reason. A corpus is such a history kept
 fixed: for the embedded model, its own answers to the prompts its draft was distilled on (drafts/
-data's transcripts, assistant turns only; `python -m drafts suffix-corpus`), which the speculative
-benchmark's prompts stay clear of.
+data's transcripts: the assistant turns, and the code completions whole; `python -m drafts
+suffix-corpus`), which the speculative benchmark's prompts stay clear of.
 
 Replaying the benchmark's 8 code answers (float32 greedy, one request after another), suffix
 matching alone made 1.49 tokens a verification over the requests' own contexts and earlier
