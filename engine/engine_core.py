@@ -21,9 +21,9 @@ from engine.model.resolve import resolve_model
 from engine.model.tokenizer import Tokenizer, load_tokenizer
 from engine.protocol import AddRequest, EngineReady, EngineStats, RequestDelta, TokenLogprobs
 from engine.request import Request, RequestStatus
-from engine.structured_output.matcher import StructuredOutputManager
 from engine.spec_decode.corpus import resolve_suffix_corpus_path
 from engine.spec_decode.draft_model import resolve_draft_path
+from engine.structured_output.matcher import StructuredOutputManager
 from engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)

@@ -58,10 +58,8 @@ class SuffixCorpus:
         words = []
         for w in range(self.num_words):
             word = np.zeros(tokens.size, dtype=np.uint64)
-            for i in range(w * self.per_word, min(WINDOW, (w + 1) * self.per_word)):
-                word = (word << np.uint64(self.bits)) | codes[i]
-            for _ in range(min(WINDOW, (w + 1) * self.per_word), (w + 1) * self.per_word):
-                word = word << np.uint64(self.bits)  # a last word with room to spare, aligned alike
+            for i in range(w * self.per_word, (w + 1) * self.per_word):  # (a last word's spare slots: 0)
+                word = (word << np.uint64(self.bits)) | (codes[i] if i < WINDOW else np.uint64(0))
             words.append(word)
         self.order = np.lexsort(words[::-1]).astype(np.int32)  # [num_tokens] positions, sorted
         self.words = [word[self.order] for word in words]  # each [num_tokens] uint64, in that order

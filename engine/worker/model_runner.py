@@ -25,11 +25,11 @@ from engine.sample.rejection_sampler import RejectionSampler, VerifyRequest
 from engine.sample.sampler import Sampler
 from engine.sample.sampling_metadata import SamplingMetadata
 from engine.spec_decode.controller import SpeculationController
+from engine.spec_decode.corpus import SuffixCorpus
 from engine.spec_decode.cost_model import attention_work
 from engine.spec_decode.draft_model import DraftModelProposer, load_draft_model
 from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
-from engine.spec_decode.corpus import SuffixCorpus
 from engine.spec_decode.suffix import SuffixProposer
 from engine.worker.alternatives import MAX_PAIRS, SCRATCH_BLOCKS, PairedInputs, copy_blocks, copy_slots, pair_inputs
 from engine.worker.huge_pages import collapse_into_huge_pages, module_tensors

@@ -48,7 +48,9 @@ def test_a_data_folder_becomes_a_corpus_of_the_targets_own_text(tokenizer, tmp_p
     turn = documents[0][:-1].tolist()  # the chat's only assistant turn, up to its end of turn
     assert tokenizer.decode(turn, skip_special_tokens=True).strip() == answer
     assert turn[-1] in tokenizer.eos_token_ids
-    assert not set(assistant_header(tokenizer)) <= set(turn) or len(assistant_header(tokenizer)) == 0
+    header = assistant_header(tokenizer)
+    starts = [i + len(header) for i in range(len(chat)) if chat[i: i + len(header)] == header]
+    assert header and [chat[i: i + len(turn)] for i in starts] == [turn]  # the turn starts right after it
     assert documents[1][:-1].tolist() == completion  # no chat template: kept whole
     out = tmp_path / "corpus.npy"
     assert main(["suffix-corpus", "--data", str(tmp_path), "--out", str(out)]) == 0
