@@ -25,7 +25,10 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   first * continued^(j-1); they also carry their vote's own confidence, and the gain is the
   smaller of the two. Suffix drafts followed in a fixed corpus (corpus.py; Proposal.from_corpus)
   keep counts of their own (source "corpus"), apart from those of the context's and recent
-  outputs' (SUFFIX_SOURCES). A pooled suffix rate below the prior that no verification tries moves
+  outputs' (SUFFIX_SOURCES), and are priced by their votes instead (VOTE_CALIBRATED): the chance
+  of each is learnt, pooled, from its vote's share and its position (calibration.py's
+  VoteCalibration), where the request's rates told a corpus draft that would be accepted from
+  one that would not no better than chance. A pooled suffix rate below the prior that no verification tries moves
   back toward the prior, plan by plan (UNTRIED_DECAY), or a few early rejections could keep it
   low, and so untried, for good.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
@@ -36,6 +39,9 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   fairness gate). Steps on which the gate lets nothing through skip proposing and planning; a
   plan's least cost being one verified token plus proposing and planning it (measured per step:
   proposing_seconds), a budget that buys a token but not the work of finding it is shut too.
+  Alone in a step, a request's plan is the candidate and count that make the most tokens per
+  second, each step priced by the steps seen at its number of rows (_plan_alone): a CPU's step
+  is a staircase in its rows, which the slope prices as a line.
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
   for PROBE_EVERY steps probes with one on a probe step (every PROBE_EVERY-th, the same steps for
   all, so a draft model starts once for every probe; spaced out further while a probe step would
@@ -80,7 +86,7 @@ import time
 from dataclasses import dataclass, replace
 
 from engine.config import SpeculativeConfig
-from engine.spec_decode.calibration import ConfidenceCalibration
+from engine.spec_decode.calibration import ConfidenceCalibration, VoteCalibration
 from engine.spec_decode.cost_model import DraftCostModel, StepCostModel
 from engine.spec_decode.policy import Candidate, DraftRun, break_even_gain, gate_shut, plan_step
 from engine.spec_decode.proposer import Proposal, ProposalRequest
@@ -126,6 +132,16 @@ MAX_PROBE_INTERVAL = 8 * PROBE_EVERY
 # engine 1.3% of its time (float32: 0.975x of none against 0.99x without probes); four times
 # fewer, 0.99x. Alone on a step of a weight-bound CPU they cost about this share at PROBE_EVERY.
 PROBE_SHARE = 0.005
+# Alone (one request in the step), a plan is priced by the step table (StepCostModel.envelope)
+# once a step of at most this many rows was seen (_plan_alone). A CPU's step is a staircase in its
+# rows: one pass of hybrid code at one stream (float32, AVX2 EPYC; each row count's median step)
+# took 19.6-19.9 ms at 1-3 rows, 21.3 at 6, 24.9 at 7 (the panel kernel's second pass over the
+# weights) and 28.8 at 11, where the fitted slope priced every row at ~1.4 ms: the plan drafted a
+# 6th corpus token on 24 of ~400 steps, 3.6 ms each for 0.9 tokens in all. Priced by the table,
+# with corpus drafts priced by their votes (VOTE_CALIBRATED), code made 1.710x of none against
+# 1.675x (three rounds side by side, each ahead: 1.825/1.796, 1.699/1.660, 1.710/1.675; another
+# run 1.698x against 1.687x), agent turns 2.050x against 2.018x, chat 1.366x against 1.358x.
+ALONE_TABLE_ROWS = 4
 REPRICINGS = 3  # plans priced again by the steps seen (_price_by_steps_seen)
 # Weight of a request's past steps in its standing gain (the fairness gate's): about the last 20
 # steps count, long enough to span the gaps between a code answer's repeated stretches.
@@ -225,6 +241,9 @@ POOLED_PRIOR = Acceptance(1.0, 2.0, 0.5, 1.0)
 # said; pooled with the context's, they pulled agent turns' estimates down too.
 SUFFIX_SOURCES = ("suffix", "corpus")
 METHODS = (*SUFFIX_SOURCES, "draft")
+# Suffix sources whose drafts are priced by their votes' calibrated shares (VoteCalibration)
+# rather than by the request's accepted/trials rates.
+VOTE_CALIBRATED = ("corpus",)
 
 
 class SpeculationController:
@@ -238,7 +257,9 @@ class SpeculationController:
         self._probe_interval: dict[str, int] = {}  # req_id -> its wait between probes, if not PROBE_EVERY
         self._probing: set[str] = set()  # requests whose pending drafts are a probe
         self._standing: dict[str, TokensPerStep] = {}  # req_id -> what its drafts gain it per step
-        self._token_probs: dict[str, list[float]] = {}  # req_id -> the draft model's probabilities of its pending drafts
+        # req_id -> the proposer's probabilities of its pending drafts (a draft model's softmax, a
+        # suffix vote's shares)
+        self._token_probs: dict[str, list[float]] = {}
         self.proposer_seconds = 0.0
         self._start_learning()
 
@@ -266,6 +287,8 @@ class SpeculationController:
         # The chance a draft model's token is accepted, given its own probability of it (pooled);
         # a draft model that stops by confidence reads it (calibration.py).
         self.calibration = ConfidenceCalibration()
+        # Per suffix source, the chance its draft is accepted given its vote's share and position.
+        self.votes = {source: VoteCalibration() for source in SUFFIX_SOURCES}
         if self._knows_confidence:
             self.draft.calibration = self.calibration
 
@@ -337,6 +360,8 @@ class SpeculationController:
                 self._tried[method].add("continued")
         if method == "draft" and token_probs:
             self.calibration.update(token_probs[:num_drafted], num_accepted)
+        elif method in SUFFIX_SOURCES and token_probs:
+            self.votes[method].update(token_probs[:num_drafted], num_accepted)
 
     def record_alternatives(self, alternatives: list[int], target_token: int) -> None:
         """The runners-up verified last step and the target's own token at their position."""
@@ -442,6 +467,8 @@ class SpeculationController:
                 proposal = suffix.get(request.req_id, Proposal([]))
                 proposals[request.req_id] = Proposal(proposal.token_ids[:count], None,
                                                      sum(proposal.confidence[:count]), proposal.confidence[:count])
+                if count > 0 and proposal.token_probs:
+                    self._token_probs[request.req_id] = proposal.token_probs[:count]
         draft_seconds = 0.0
         if need_draft:
             if self.config.adaptive and not unpriced and self._knows_confidence:
@@ -586,10 +613,14 @@ class SpeculationController:
             verify = self.cost.token_seconds(contexts[request.req_id])
             per_request: list[Candidate] = []
             if request.req_id in suffix:
-                source = "corpus" if suffix[request.req_id].from_corpus else "suffix"
-                first, continued = self.rates(request.req_id, source)
-                confidence = suffix[request.req_id].confidence[: request.num_drafts]
-                gains = [min(c, first * continued ** j) for j, c in enumerate(confidence)]
+                proposal = suffix[request.req_id]
+                source = "corpus" if proposal.from_corpus else "suffix"
+                if source in VOTE_CALIBRATED:
+                    gains = self.votes[source].chances(proposal.token_probs[: request.num_drafts])
+                else:
+                    first, continued = self.rates(request.req_id, source)
+                    confidence = proposal.confidence[: request.num_drafts]
+                    gains = [min(c, first * continued ** j) for j, c in enumerate(confidence)]
                 per_request.append(Candidate(request.req_id, gains, verify, source))
             if self.draft is not None:
                 p = self.acceptance(request.req_id, "draft")
@@ -602,6 +633,10 @@ class SpeculationController:
         plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run,
                          standing=standing)
         plan = self._price_by_steps_seen(plan, options, batch_size, step_seconds, run, standing)
+        if batch_size == 1 and len(requests) == 1:
+            alone = self._plan_alone(options[0], _context_len(requests[0]), run)
+            if alone is not None:
+                plan = alone
         rooms = {r.req_id: r.num_drafts for r in requests}
         head_alone = batch_size == 1 and self._head_pays_alone(requests[0], step_seconds)
         chosen: dict[str, tuple[str, int]] = {}
@@ -626,6 +661,29 @@ class SpeculationController:
                 self._idle_steps[req_id] = idle
             chosen[req_id] = (which, count)
         return chosen
+
+    def _plan_alone(self, candidates: list[Candidate], context: int,
+                    run: DraftRun) -> dict[str, tuple[Candidate, int]] | None:
+        """Alone: the candidate and count that make the most tokens per second, each step priced
+        by the steps seen at its number of rows (StepCostModel.envelope; its attention added):
+        a CPU's step is a staircase in its rows, and the slope's break-even drafted into the next
+        stair (see ALONE_TABLE_ROWS). None until a step of at most ALONE_TABLE_ROWS rows was seen."""
+        if not candidates or not any(self.cost.seen(n) for n in range(1, ALONE_TABLE_ROWS + 1)):
+            return None
+        steps = self.cost.envelope(1 + max(len(c.gains) for c in candidates))  # steps[n - 1]: n rows
+        attention = self.cost.c * (context + 1)  # per row
+        best, best_rate = (candidates[0], 0), 1.0 / (steps[0] + attention)
+        for candidate in candidates:
+            gained = 0.0
+            for count, gain in enumerate(candidate.gains, 1):
+                gained += gain
+                seconds = steps[count] + attention * (1 + count)
+                if candidate.method == "draft":
+                    seconds += run.seconds(count) + count * self.draft_cost.per_token
+                rate = (1.0 + gained) / seconds
+                if rate > best_rate:
+                    best, best_rate = (candidate, count), rate
+        return {best[0].req_id: best}
 
     def _head_pays_alone(self, request: ProposalRequest, step_seconds: float) -> bool:
         """Alone, whether a draft model that stops by confidence should run whenever the plan

@@ -156,6 +156,22 @@ class StepCostModel(PlaneFit):
             return None
         return max(0.0, (self._by_tokens[num_tokens + added] - self._by_tokens[num_tokens]) / added)
 
+    def envelope(self, max_tokens: int) -> list[float]:
+        """Seconds of a step of 1..max_tokens tokens (index n - 1; attention excluded) by the
+        table, made non-decreasing (more tokens never cost less): between seen counts the line
+        between them, below the least seen count its step, past the most the slope. Empty
+        before any step was seen."""
+        if not self._by_tokens:
+            return []
+        least, most = min(self._by_tokens), max(self._by_tokens)
+        steps: list[float] = []
+        for n in range(1, max_tokens + 1):
+            seconds = self.table_seconds(n)
+            if seconds is None:
+                seconds = self._by_tokens[least] if n < least else self._by_tokens[most] + self.b * (n - most)
+            steps.append(max(seconds, steps[-1]) if steps else seconds)
+        return steps
+
     def seen(self, num_tokens: int) -> bool:
         """Whether a step of exactly num_tokens tokens was observed (the base of a secant)."""
         return num_tokens in self._by_tokens

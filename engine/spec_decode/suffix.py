@@ -274,6 +274,7 @@ class SuffixProposer:
     def _follow(self, sources: list[tuple[list[int], int]], num_drafts: int) -> Proposal:
         """Majority vote, position by position, over what followed each occurrence."""
         drafted: list[int] = []
+        shares: list[float] = []  # per draft, the share of the occurrences still followed that vote for it
         survival: list[float] = []  # the vote's estimate that each draft is accepted
         confidence = 1.0
         alive = sources
@@ -286,7 +287,8 @@ class SuffixProposer:
             if share < self.min_vote_share and offset > 1:
                 break
             confidence *= share
+            shares.append(share)
             survival.append(confidence)
             drafted.append(token)
             alive = [(seq, end) for seq, end in alive if end + offset < len(seq) and seq[end + offset] == token]
-        return Proposal(drafted, None, sum(survival), survival)
+        return Proposal(drafted, None, sum(survival), survival, token_probs=shares)

@@ -154,6 +154,35 @@ def test_alone_suffix_drafts_the_full_k() -> None:
     assert proposals["a"].token_ids == [5, 6, 7, 8]
 
 
+
+def test_alone_a_plan_stops_before_the_stair_of_the_step_table() -> None:
+    from engine.spec_decode.policy import Candidate, DraftRun, plan_step
+    gains = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
+    candidate = Candidate("a", gains, token_seconds=0.001)
+    run = DraftRun(0.0, 0.0)
+    # A CPU's staircase: 1-6 rows 20 ms, then a second pass over the weights, 27 ms up to 12.
+    spec, _ = controller("suffix")
+    spec.cost = controller_module.StepCostModel()
+    for _ in range(3):
+        for n in range(1, 13):
+            spec.observe_step(n, 0.020 if n <= 6 else 0.027)
+    # The slope (~1 ms a token) breaks even at a gain of 0.05: all nine.
+    slope_plan = plan_step([[candidate]], step_seconds=0.020, batch_size=1, draft_run=run, standing={})
+    assert slope_plan["a"][1] == 9
+    # By the table: 5 drafts (6 rows) make (1 + 3.5) / 20 ms, 9 (10 rows) (1 + 4.5) / 27 ms.
+    assert spec._plan_alone([candidate], context=10, run=run)["a"][1] == 5
+    # Where every row costs the same (a GPU at small batch), all nine.
+    spec.cost = controller_module.StepCostModel()
+    for _ in range(3):
+        for n in range(1, 13):
+            spec.observe_step(n, 0.020)
+    assert spec._plan_alone([candidate], context=10, run=run)["a"][1] == 9
+    # And nothing is drafted where no draft pays for its row (10 ms: a gain of 0.1 pays 2 ms).
+    for _ in range(30):
+        for n in range(2, 13):
+            spec.observe_step(n, 0.030)
+    assert spec._plan_alone([Candidate("a", [0.1, 0.05], 0.001)], context=10, run=run)["a"][1] == 0
+
 def test_draft_model_length_follows_its_cost() -> None:
     # Alone, 31 ms a step: break-even gain (1 ms + the draft's own 10 ms) / 31 ms = 0.35, so a
     # prior of p = 0.5 drafts one token (0.5), not two (0.25).

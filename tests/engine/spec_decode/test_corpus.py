@@ -122,11 +122,19 @@ def test_the_controller_learns_corpus_drafts_apart() -> None:
         proposals = spec.propose([ProposalRequest("a", [1, 2, 3], [41, 42, 43], num_drafts=6)], batch_size=1)
         drafted.append(proposals["a"].token_ids)
         spec.record("a", len(proposals["a"].token_ids), 0)
-    assert drafted[0][:2] == [44, 45]  # (as many as the prior rate pays for)
+    assert drafted[0][:2] == [44, 45]
+    # Corpus drafts are priced by their votes (one occurrence: every share 1.0), calibrated by
+    # position: the first draft's chance fell from the prior's 0.95 (its bin, at ~0.27, is pooled
+    # with the untried bins below it, which a higher share never falls under); the later
+    # positions, never tried, keep theirs.
+    first, second, later = spec.votes["corpus"].tables
+    assert sum(first.trials) > 5 and first.acceptance(1.0) < 0.55
+    assert sum(second.trials) == sum(later.trials) == 0.0
+    assert spec.votes["corpus"].chances([1.0, 1.0]) == pytest.approx([first.acceptance(1.0),
+                                                                     first.acceptance(1.0) * 0.95])
     assert spec._pooled["corpus"].first_p < 0.25
-    # Still a first draft (a verified token here costs 3% of a step, and its chance is ~5%), no more.
-    assert len(drafted[-1]) <= 1
-    assert spec._pooled["suffix"].p == before_suffix  # the context's drafts keep their own estimate
+    assert spec._pooled["suffix"].p == before_suffix  # the context's drafts keep their own estimates
+    assert sum(spec.votes["suffix"].tables[0].trials) == 0.0
     spec.finish("a", None)
     assert not any(key[0] == "a" for key in spec._acceptance)
 
