@@ -79,7 +79,6 @@ class ConfidenceCalibration:
         self._table = _monotone(self.accepted, self.trials)
 
 
-
 # Positions a suffix vote is calibrated apart for: the first draft, the second, and the later ones
 # (VoteCalibration).
 VOTE_POSITIONS = 3
@@ -119,6 +118,7 @@ class VoteCalibration:
             in_table = tried[position:] if last else tried[position : position + 1]
             accepted = max(0, min(len(in_table), num_accepted - position))
             self.tables[position].update(in_table, accepted)
+
 
 def _bin(prob: float) -> int:
     return min(NUM_BINS - 1, max(0, int(prob * NUM_BINS)))

@@ -28,9 +28,9 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   outputs' (SUFFIX_SOURCES), and are priced by their votes instead (VOTE_CALIBRATED): the chance
   of each is learnt, pooled, from its vote's share and its position (calibration.py's
   VoteCalibration), where the request's rates told a corpus draft that would be accepted from
-  one that would not no better than chance. A pooled suffix rate below the prior that no verification tries moves
-  back toward the prior, plan by plan (UNTRIED_DECAY), or a few early rejections could keep it
-  low, and so untried, for good.
+  one that would not no better than chance. A pooled suffix rate below the prior that no
+  verification tries moves back toward the prior, plan by plan (UNTRIED_DECAY), or a few early
+  rejections could keep it low, and so untried, for good.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
   the draft model runs to the depth that makes the most tokens per second (or not at all), and
   what the others' drafts add to a request's step must be paid by its standing gain (they delay
@@ -630,13 +630,12 @@ class SpeculationController:
                 per_request.append(Candidate(request.req_id, gains, verify + self.draft_cost.per_token, "draft"))
             options.append(per_request)
         run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)
-        plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run,
-                         standing=standing)
-        plan = self._price_by_steps_seen(plan, options, batch_size, step_seconds, run, standing)
-        if batch_size == 1 and len(requests) == 1:
-            alone = self._plan_alone(options[0], _context_len(requests[0]), run)
-            if alone is not None:
-                plan = alone
+        plan = (self._plan_alone(options[0], _context_len(requests[0]), run)
+                if batch_size == 1 and len(requests) == 1 else None)
+        if plan is None:
+            plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run,
+                             standing=standing)
+            plan = self._price_by_steps_seen(plan, options, batch_size, step_seconds, run, standing)
         rooms = {r.req_id: r.num_drafts for r in requests}
         head_alone = batch_size == 1 and self._head_pays_alone(requests[0], step_seconds)
         chosen: dict[str, tuple[str, int]] = {}

@@ -44,8 +44,9 @@ class Proposal:
     # Other candidates for the first token (distinct from token_ids[0], most likely first), when
     # the request asked for num_alternatives: the target verifies each in a row of its own.
     alternatives: list[int] = field(default_factory=list)
-    # A draft model's own probability of each drafted token (its softmax, where it knows one):
-    # what the controller calibrates its confidence on (engine/spec_decode/calibration.py).
+    # The proposer's own probability of each drafted token: a draft model's softmax, where it
+    # knows one, or a suffix vote's share: what the controller calibrates its confidence on
+    # (engine/spec_decode/calibration.py).
     token_probs: list[float] = field(default_factory=list)
     # Suffix drafts followed in a fixed corpus (engine/spec_decode/corpus.py) rather than in the
     # request's context or recent outputs: the controller learns their acceptance apart.
