@@ -23,12 +23,12 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   of a draft model gains p^j. Suffix drafts are counted as a first draft and its continuation
   apart (rates(): a repeated stretch goes on or ends at once), so the j-th gains
   first * continued^(j-1); they also carry their vote's own confidence, and the gain is the
-  smaller of the two. Suffix drafts followed in a fixed corpus (corpus.py; Proposal.from_corpus)
-  keep counts of their own (source "corpus"), apart from those of the context's and recent
-  outputs' (SUFFIX_SOURCES), and are priced by their votes instead (VOTE_CALIBRATED): the chance
-  of each is learnt, pooled, from its vote's share and its position (calibration.py's
-  VoteCalibration), where the request's rates told a corpus draft that would be accepted from
-  one that would not no better than chance. A pooled suffix rate below the prior that no
+  smaller of the two. Suffix drafts followed in a fixed corpus (corpus.py; Proposal.from_corpus;
+  source "corpus", apart from the context's and recent outputs', SUFFIX_SOURCES) are priced by
+  their votes instead (VOTE_CALIBRATED): the chance of each is learnt, pooled, from its vote's
+  share and its position (calibration.py's VoteCalibration), where the request's rates told a
+  corpus draft that would be accepted from one that would not no better than chance; their
+  verifications go there and keep no rates. A pooled suffix rate below the prior that no
   verification tries moves back toward the prior, plan by plan (UNTRIED_DECAY), or a few early
   rejections could keep it low, and so untried, for good.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
@@ -235,15 +235,16 @@ class Acceptance:
 # Where every pooled rate starts, and where an untried one returns: 0.5 for the first draft and for
 # the later ones, weighing one trial each.
 POOLED_PRIOR = Acceptance(1.0, 2.0, 0.5, 1.0)
-# Where suffix drafts come from, each with acceptance estimates of its own: the request's context
-# and recent outputs ("suffix"), or the fixed corpus (corpus.py). A corpus's drafts follow the
-# model's idiom in other answers, and on chat they were accepted far less often than the votes
-# said; pooled with the context's, they pulled agent turns' estimates down too.
+# Where suffix drafts come from, each learnt apart: the request's context and recent outputs
+# ("suffix"), or the fixed corpus (corpus.py). A corpus's drafts follow the model's idiom in other
+# answers, and on chat they were accepted far less often than the votes said; pooled with the
+# context's, they pulled agent turns' estimates down too.
 SUFFIX_SOURCES = ("suffix", "corpus")
 METHODS = (*SUFFIX_SOURCES, "draft")
 # Suffix sources whose drafts are priced by their votes' calibrated shares (VoteCalibration)
-# rather than by the request's accepted/trials rates.
+# rather than by accepted/trials rates; the others (RATED) keep rates per request and pooled.
 VOTE_CALIBRATED = ("corpus",)
+RATED = tuple(method for method in METHODS if method not in VOTE_CALIBRATED)
 
 
 class SpeculationController:
@@ -268,10 +269,10 @@ class SpeculationController:
         acceptance (a prior of p = 0.5)."""
         self.cost = StepCostModel()
         self.draft_cost = DraftCostModel()
-        self._pooled = {method: replace(POOLED_PRIOR) for method in METHODS}
+        self._pooled = {method: replace(POOLED_PRIOR) for method in RATED}
         # Per suffix source, which pooled rates ("first", "continued") verifications tried since
         # the last plan.
-        self._tried: dict[str, set[str]] = {method: set() for method in SUFFIX_SOURCES}
+        self._tried: dict[str, set[str]] = {method: set() for method in SUFFIX_SOURCES if method in RATED}
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
@@ -288,7 +289,7 @@ class SpeculationController:
         # a draft model that stops by confidence reads it (calibration.py).
         self.calibration = ConfidenceCalibration()
         # Per suffix source, the chance its draft is accepted given its vote's share and position.
-        self.votes = {source: VoteCalibration() for source in SUFFIX_SOURCES}
+        self.votes = {source: VoteCalibration() for source in VOTE_CALIBRATED}
         if self._knows_confidence:
             self.draft.calibration = self.calibration
 
@@ -352,16 +353,18 @@ class SpeculationController:
         if req_id in self._standing:
             self._standing[req_id].tokens += num_accepted
             self._pooled_standing.tokens += num_accepted
+        if method in self.votes:
+            if token_probs:
+                self.votes[method].update(token_probs[:num_drafted], num_accepted)
+            return
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
         self._pooled[method].update(num_drafted, num_accepted, POOLED_DECAY)
-        if method in SUFFIX_SOURCES:
+        if method in self._tried:
             self._tried[method].add("first")
             if num_accepted and num_drafted > 1:  # a later draft was verified
                 self._tried[method].add("continued")
         if method == "draft" and token_probs:
             self.calibration.update(token_probs[:num_drafted], num_accepted)
-        elif method in SUFFIX_SOURCES and token_probs:
-            self.votes[method].update(token_probs[:num_drafted], num_accepted)
 
     def record_alternatives(self, alternatives: list[int], target_token: int) -> None:
         """The runners-up verified last step and the target's own token at their position."""
@@ -467,7 +470,7 @@ class SpeculationController:
                 proposal = suffix.get(request.req_id, Proposal([]))
                 proposals[request.req_id] = Proposal(proposal.token_ids[:count], None,
                                                      sum(proposal.confidence[:count]), proposal.confidence[:count])
-                if count > 0 and proposal.token_probs:
+                if count > 0 and which in self.votes:
                     self._token_probs[request.req_id] = proposal.token_probs[:count]
         draft_seconds = 0.0
         if need_draft:
@@ -788,7 +791,7 @@ class SpeculationController:
             self.suffix.forget_outputs()
 
     def finish(self, req_id: str, output_token_ids: list[int] | None) -> None:
-        for method in METHODS:
+        for method in RATED:
             self._acceptance.pop((req_id, method), None)
         self._idle_steps.pop(req_id, None)
         self._standing.pop(req_id, None)

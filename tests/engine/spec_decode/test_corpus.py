@@ -132,11 +132,13 @@ def test_the_controller_learns_corpus_drafts_apart() -> None:
     assert sum(second.trials) == sum(later.trials) == 0.0
     assert spec.votes["corpus"].chances([1.0, 1.0]) == pytest.approx([first.acceptance(1.0),
                                                                      first.acceptance(1.0) * 0.95])
-    assert spec._pooled["corpus"].first_p < 0.25
-    assert spec._pooled["suffix"].p == before_suffix  # the context's drafts keep their own estimates
-    assert sum(spec.votes["suffix"].tables[0].trials) == 0.0
+    # Their verifications keep no accepted/trials rates, per request or pooled, and the
+    # context's drafts keep their own rates, untouched, and no vote tables.
+    assert "corpus" not in spec._pooled and not any(key[0] == "a" for key in spec._acceptance)
+    assert spec._pooled["suffix"].p == before_suffix
+    assert "suffix" not in spec.votes
     spec.finish("a", None)
-    assert not any(key[0] == "a" for key in spec._acceptance)
+    assert "a" not in spec._method
 
 
 def _resolved(name: str) -> ResolvedModel:
