@@ -240,11 +240,10 @@ POOLED_PRIOR = Acceptance(1.0, 2.0, 0.5, 1.0)
 # answers, and on chat they were accepted far less often than the votes said; pooled with the
 # context's, they pulled agent turns' estimates down too.
 SUFFIX_SOURCES = ("suffix", "corpus")
-METHODS = (*SUFFIX_SOURCES, "draft")
 # Suffix sources whose drafts are priced by their votes' calibrated shares (VoteCalibration)
-# rather than by accepted/trials rates; the others (RATED) keep rates per request and pooled.
+# rather than by accepted/trials rates; the other methods (RATED) keep rates per request and pooled.
 VOTE_CALIBRATED = ("corpus",)
-RATED = tuple(method for method in METHODS if method not in VOTE_CALIBRATED)
+RATED = tuple(method for method in (*SUFFIX_SOURCES, "draft") if method not in VOTE_CALIBRATED)
 
 
 class SpeculationController:
@@ -272,7 +271,8 @@ class SpeculationController:
         self._pooled = {method: replace(POOLED_PRIOR) for method in RATED}
         # Per suffix source, which pooled rates ("first", "continued") verifications tried since
         # the last plan.
-        self._tried: dict[str, set[str]] = {method: set() for method in SUFFIX_SOURCES if method in RATED}
+        # Which pooled suffix rates ("first", "continued") verifications tried since the last plan.
+        self._suffix_tried: set[str] = set()
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
         self._alternative_hits = [Acceptance(ALTERNATIVE_PRIOR * PRIOR_TRIALS, PRIOR_TRIALS)
                                   for _ in range(MAX_ALTERNATIVES)]
@@ -359,10 +359,10 @@ class SpeculationController:
             return
         self._estimate(req_id, method).update(num_drafted, num_accepted, REQUEST_DECAY)
         self._pooled[method].update(num_drafted, num_accepted, POOLED_DECAY)
-        if method in self._tried:
-            self._tried[method].add("first")
+        if method == "suffix":
+            self._suffix_tried.add("first")
             if num_accepted and num_drafted > 1:  # a later draft was verified
-                self._tried[method].add("continued")
+                self._suffix_tried.add("continued")
         if method == "draft" and token_probs:
             self.calibration.update(token_probs[:num_drafted], num_accepted)
 
@@ -588,13 +588,12 @@ class SpeculationController:
         return chosen
 
     def _age_untried(self) -> None:
-        """Pooled suffix rates (of either source) no verification tried since the last plan move
-        toward the prior (UNTRIED_DECAY)."""
-        for method, tried in self._tried.items():
-            first, continued = "first" not in tried, "continued" not in tried
-            if first or continued:
-                self._pooled[method].age_toward(POOLED_PRIOR, UNTRIED_DECAY, first=first, continued=continued)
-            tried.clear()
+        """Pooled suffix rates no verification tried since the last plan move toward the prior
+        (UNTRIED_DECAY)."""
+        first, continued = "first" not in self._suffix_tried, "continued" not in self._suffix_tried
+        if first or continued:
+            self._pooled["suffix"].age_toward(POOLED_PRIOR, UNTRIED_DECAY, first=first, continued=continued)
+        self._suffix_tried.clear()
 
     def _skip_step(self, requests: list[ProposalRequest]) -> None:
         """A step the gate keeps shut: no proposer runs (the suffix index and a draft model
