@@ -14,7 +14,12 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   few-row kernels run 1-8 rows at one row's cost and then pay a pass per 8 rows more: in a batch,
   a plan is priced again by the steps seen at its token counts (the secant from a plain step,
   cost_model.py's surcharge) and the plan with the most tokens per second by those steps, no
-  drafts included, is taken (_price_by_steps_seen).
+  drafts included, is taken (_price_by_steps_seen). Where the runner swept the step by row count
+  when it built speculation (engine/worker/step_sweep.py; StepCostModel.sweep: the sweep's shape
+  at the level of the steps seen), every row count is priced from the first step, and a batch's
+  plan is the one with the most tokens per second with its step read off that table
+  (_plan_batch; the rows a stair leaves free cost almost nothing, the row past it a pass over
+  the weights).
 - Gain: the probability the token is accepted. Each request keeps, per proposer, a decaying count
   of accepted drafts and of verification trials (a draft is a trial when every draft before it was
   accepted), and p = (accepted + PRIOR_TRIALS * pooled) / (trials + PRIOR_TRIALS) is the chance
@@ -39,9 +44,13 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   fairness gate). Steps on which the gate lets nothing through skip proposing and planning; a
   plan's least cost being one verified token plus proposing and planning it (measured per step:
   proposing_seconds), a budget that buys a token but not the work of finding it is shut too.
-  Alone in a step, a request's plan is the candidate and count that make the most tokens per
-  second, each step priced by the steps seen at its number of rows (_plan_alone): a CPU's step
-  is a staircase in its rows, which the slope prices as a line.
+  With a swept step, a batch proposes while what its accepted drafts were worth (a token: a plain
+  step over the batch) has paid what proposing them cost (proposing and planning, and the rows
+  they added), over the steps that proposed; else it skips proposing and explores once every
+  few steps (_proposing_does_not_pay), the draft model left out. Alone in a step, a request's
+  plan is the candidate and count that make the most tokens per second, each step priced by the
+  steps seen at its number of rows (_plan_alone): a CPU's step is a staircase in its rows, which
+  the slope prices as a line.
   "hybrid" takes, per request, whichever proposer's plan nets more. A request left without drafts
   for PROBE_EVERY steps probes with one on a probe step (every PROBE_EVERY-th, the same steps for
   all, so a draft model starts once for every probe; spaced out further while a probe step would
@@ -82,13 +91,14 @@ adaptive=False: every proposer drafts up to its cap, always.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
 from engine.config import SpeculativeConfig
 from engine.spec_decode.calibration import ConfidenceCalibration, VoteCalibration
 from engine.spec_decode.cost_model import DraftCostModel, StepCostModel
-from engine.spec_decode.policy import Candidate, DraftRun, break_even_gain, gate_shut, plan_step
+from engine.spec_decode.policy import TOLERANCE, Candidate, DraftRun, break_even_gain, gate_shut, plan_step
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
@@ -247,8 +257,12 @@ RATED = tuple(method for method in (*SUFFIX_SOURCES, "draft") if method not in V
 
 
 class SpeculationController:
-    def __init__(self, config: SpeculativeConfig, *, suffix: SuffixProposer | None, draft=None) -> None:
+    def __init__(self, config: SpeculativeConfig, *, suffix: SuffixProposer | None, draft=None,
+                 step_sweep: dict[int, float] | None = None) -> None:
+        """step_sweep: the target step's seconds by row count, swept by the runner
+        (engine/worker/step_sweep.py): batches are then planned by the step table (_plan_batch)."""
         self.config = config
+        self._step_sweep = dict(step_sweep or {})
         self.suffix = suffix
         self.draft = draft  # DraftModelProposer or None
         self._acceptance: dict[tuple[str, str], Acceptance] = {}  # (req_id, method) -> estimate
@@ -267,10 +281,9 @@ class SpeculationController:
         """What is learnt across requests starts here: step and draft-model costs, and pooled
         acceptance (a prior of p = 0.5)."""
         self.cost = StepCostModel()
+        self.cost.sweep(self._step_sweep)  # (a property of the machine, not learnt: kept by reset)
         self.draft_cost = DraftCostModel()
         self._pooled = {method: replace(POOLED_PRIOR) for method in RATED}
-        # Per suffix source, which pooled rates ("first", "continued") verifications tried since
-        # the last plan.
         # Which pooled suffix rates ("first", "continued") verifications tried since the last plan.
         self._suffix_tried: set[str] = set()
         # Per rank of runner-up: how often the target's token was exactly it (pooled).
@@ -285,6 +298,14 @@ class SpeculationController:
         # What proposing and planning a step costs (decaying mean of the steps that did it).
         self.proposing_seconds = 0.0
         self._pooled_standing = TokensPerStep()  # over all requests' steps
+        # In a batch with the step swept (_proposing_does_not_pay): over the steps that proposed,
+        # decaying alike, what their accepted drafts were worth (a token: a plain step's seconds
+        # over the batch) and what they cost (proposing, planning, the draft model's run, the
+        # step's added rows by the step table); and the worth of a token on the last of them.
+        self._proposing_paid = 0.0
+        self._proposing_cost = 0.0
+        self._token_worth = 0.0
+        self._shut_steps = 0  # steps skipped in a row by _proposing_does_not_pay
         # The chance a draft model's token is accepted, given its own probability of it (pooled);
         # a draft model that stops by confidence reads it (calibration.py).
         self.calibration = ConfidenceCalibration()
@@ -353,6 +374,7 @@ class SpeculationController:
         if req_id in self._standing:
             self._standing[req_id].tokens += num_accepted
             self._pooled_standing.tokens += num_accepted
+        self._proposing_paid += num_accepted * self._token_worth
         if method in self.votes:
             if token_probs:
                 self.votes[method].update(token_probs[:num_drafted], num_accepted)
@@ -417,30 +439,47 @@ class SpeculationController:
             # for one request at most (_one_unpriced_draft).
             for request in requests:
                 request.num_drafts = min(request.num_drafts, 1)
-        step_seconds, probe_step, probe_every, standing = 0.0, False, PROBE_EVERY, {}
+        step_seconds, probe_step, probe_every, standing, exploring = 0.0, False, PROBE_EVERY, {}, False
         if self.config.adaptive:
             mean_context = _mean_context(requests)
             step_seconds = self._plain_step_seconds(mean_context, batch_size)
             self._planned_steps += 1
             probe_every = self._probe_every(len(requests), mean_context, step_seconds)
             probe_step = self._planned_steps % probe_every == 0
-            standing = self._standing_gains(requests)
-            # The least a plan costs: one verified token, and proposing and planning it (the
-            # suffix index, the vote, the plan: at 8 chat streams ~0.3-0.5 ms of a 29 ms step on
-            # this CPU, on the steps where the gate's budget bought about one token).
-            cheapest_plan = self.cost.token_seconds(0) + self.proposing_seconds
-            if (not (unpriced or probe_step) and batch_size >= 2
-                    and gate_shut(standing.values(), step_seconds, cheapest_plan)):
+            if batch_size >= 2 and self.cost.swept:
+                shut = not (unpriced or probe_step) and self._proposing_does_not_pay(batch_size)
+            else:
+                standing = self._standing_gains(requests)
+                # The least a plan costs: one verified token, and proposing and planning it (the
+                # suffix index, the vote, the plan: at 8 chat streams ~0.3-0.5 ms of a 29 ms step
+                # on this CPU, on the steps where the gate's budget bought about one token).
+                cheapest_plan = self.cost.token_seconds(0) + self.proposing_seconds
+                shut = (not (unpriced or probe_step) and batch_size >= 2
+                        and gate_shut(standing.values(), step_seconds, cheapest_plan))
+            if shut:
                 self._skip_step(requests)
                 self.proposer_seconds += time.perf_counter() - started
                 return {request.req_id: Proposal([]) for request in requests}
+            # A step that explores (see _proposing_does_not_pay) leaves the draft model out: its
+            # run after skipped steps catches up on all of them (an EAGLE head at 8 chat streams:
+            # ~4 ms, a sixth of a step), to measure what is mostly measured alone anyway.
+            exploring = self._shut_steps > 0
+            self._shut_steps = 0
+            if batch_size >= 2 and self.cost.swept:
+                standing = self._standing_gains(requests)
         if self.config.adaptive:
             self._age_untried()  # (steps the gate keeps shut do not count: no plan reads the rates)
-        suffix = (self.suffix.propose(requests, self.suffix_cap(batch_size)) if method in ("suffix", "hybrid")
-                  else {})
-        alternatives = {} if unpriced else self._alternatives_to_ask(requests, batch_size, step_seconds)
+        once = 0.0  # seconds of work done once per request, not a step's cost
+        suffix = {}
+        if method in ("suffix", "hybrid"):
+            indexing = time.perf_counter()
+            self.suffix.index_prompts(requests)
+            once = time.perf_counter() - indexing
+            suffix = self.suffix.propose(requests, self.suffix_cap(batch_size))
+        alternatives = {} if unpriced or exploring else self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
-            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, standing, probe_every)
+            chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, standing, probe_every,
+                                with_draft=not exploring)
             if unpriced:
                 chosen = _one_unpriced_draft(chosen, requests)
         else:  # everything, always: suffix where it has a proposal, else the draft model
@@ -495,7 +534,14 @@ class SpeculationController:
                     self._token_probs[request.req_id] = proposal.token_probs
         seconds = time.perf_counter() - started
         self.proposer_seconds += seconds
-        self._note_proposing(seconds - draft_seconds)
+        self._note_proposing(seconds - draft_seconds - once)
+        if self.config.adaptive and batch_size >= 2 and self.cost.swept:
+            catching_up = getattr(self.draft, "kv_only_seconds", 0.0) if need_draft else 0.0  # (its last run's)
+            self._account_proposing(batch_size, step_seconds,
+                                    sum(r.num_drafts + 2 * r.num_alternatives for r in requests),
+                                    seconds - once - catching_up)
+        else:
+            self._token_worth = 0.0  # (alone: its drafts are not the batch's account)
         return proposals
 
     def _note_proposing(self, seconds: float) -> None:
@@ -542,6 +588,36 @@ class SpeculationController:
         or, without one, the fitted slope at its context."""
         context = _context_len(request)
         return self.cost.token_seconds(context) if row is None else row + self.cost.c * (context + 1)
+
+    def _proposing_does_not_pay(self, batch_size: int) -> bool:
+        """In a batch with the step swept: whether this step skips proposing, because over the
+        steps that proposed what their accepted drafts were worth was less than what proposing
+        them cost (_account_proposing). Once every explore_every skipped steps it proposes anyway,
+        so that the worth stays measured: as many as keep proposing's cost within PROBE_SHARE of
+        the steps skipped, at most PROBE_EVERY (a request's first proposing, which indexes its
+        prompt, costs several times a later one's). Before, the fairness gate (gate_shut) took
+        the least standing gain over all steps, skipped ones counting nothing: once shut it stayed
+        shut, and at 8 code streams drafts the target took 70% of the time were never proposed;
+        opened by gross gains instead, at 8 chat streams it proposed for 4% more tokens a step
+        that cost 5% more time (proposing 0.8 ms, rows 0.4, of a 26 ms step)."""
+        if self._proposing_paid >= self._proposing_cost:
+            return False
+        step_seconds = self.cost.step_seconds(batch_size)  # (the line: cheaper than the table, near enough)
+        explore_every = min(PROBE_EVERY, max(2, math.ceil(self.proposing_seconds / (PROBE_SHARE * step_seconds))))
+        self._shut_steps += 1
+        return self._shut_steps < explore_every
+
+    def _account_proposing(self, batch_size: int, step_seconds: float, num_rows_added: int, seconds: float) -> None:
+        """A step in a batch proposed: its cost is `seconds` of proposing and planning (the draft
+        model's run included, not what a request's first proposing or an EAGLE head's catch-up
+        cost once) and the rows it added to the step, by the step table; what its drafts gain,
+        each accepted token a plain step's seconds (step_seconds, attention included) over the
+        batch, is added as they are verified (record)."""
+        steps = self.cost.envelope(batch_size + num_rows_added)
+        self._proposing_cost = STANDING_DECAY * self._proposing_cost + seconds + (
+            steps[batch_size + num_rows_added - 1] - steps[batch_size - 1])
+        self._proposing_paid *= STANDING_DECAY
+        self._token_worth = step_seconds / batch_size
 
     def _plain_step_seconds(self, mean_context: float, batch_size: int) -> float:
         """Plain decoding's step: every running request one token, at its context (mean_context:
@@ -607,8 +683,9 @@ class SpeculationController:
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
               batch_size: int, step_seconds: float, alternatives: dict[str, list[float]],
-              standing: dict[str, float], probe_every: int) -> dict[str, tuple[str, int]]:
-        """(proposer, number of tokens) per request: see the module docstring."""
+              standing: dict[str, float], probe_every: int, with_draft: bool = True) -> dict[str, tuple[str, int]]:
+        """(proposer, number of tokens) per request: see the module docstring. with_draft: the
+        draft model may draft."""
         contexts = {r.req_id: _context_len(r) for r in requests}
         options: list[list[Candidate]] = []
         for request in requests:
@@ -624,7 +701,7 @@ class SpeculationController:
                     confidence = proposal.confidence[: request.num_drafts]
                     gains = [min(c, first * continued ** j) for j, c in enumerate(confidence)]
                 per_request.append(Candidate(request.req_id, gains, verify, source))
-            if self.draft is not None:
+            if self.draft is not None and (with_draft or not per_request):  # (its only proposer: "draft")
                 p = self.acceptance(request.req_id, "draft")
                 gains = [p ** j for j in range(1, min(request.num_drafts, self.draft_tokens) + 1)]
                 if gains:  # the runners-up ride on the first draft (first order: their net)
@@ -632,8 +709,11 @@ class SpeculationController:
                 per_request.append(Candidate(request.req_id, gains, verify + self.draft_cost.per_token, "draft"))
             options.append(per_request)
         run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)
-        plan = (self._plan_alone(options[0], _context_len(requests[0]), run)
-                if batch_size == 1 and len(requests) == 1 else None)
+        plan = None
+        if batch_size == 1 and len(requests) == 1:
+            plan = self._plan_alone(options[0], _context_len(requests[0]), run)
+        elif self.cost.swept and len(requests) == batch_size:
+            plan = self._plan_batch(options, [contexts[r.req_id] for r in requests], standing, run)
         if plan is None:
             plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run,
                              standing=standing)
@@ -668,8 +748,10 @@ class SpeculationController:
         """Alone: the candidate and count that make the most tokens per second, each step priced
         by the steps seen at its number of rows (StepCostModel.envelope; its attention added):
         a CPU's step is a staircase in its rows, and the slope's break-even drafted into the next
-        stair (see ALONE_TABLE_ROWS). None until a step of at most ALONE_TABLE_ROWS rows was seen."""
-        if not candidates or not any(self.cost.seen(n) for n in range(1, ALONE_TABLE_ROWS + 1)):
+        stair (see ALONE_TABLE_ROWS). None until a step of at most ALONE_TABLE_ROWS rows was seen,
+        unless the step was swept."""
+        known = self.cost.swept or any(self.cost.seen(n) for n in range(1, ALONE_TABLE_ROWS + 1))
+        if not candidates or not known:
             return None
         steps = self.cost.envelope(1 + max(len(c.gains) for c in candidates))  # steps[n - 1]: n rows
         attention = self.cost.c * (context + 1)  # per row
@@ -685,6 +767,71 @@ class SpeculationController:
                 if rate > best_rate:
                     best, best_rate = (candidate, count), rate
         return {best[0].req_id: best}
+
+    def _plan_batch(self, options: list[list[Candidate]], contexts: list[int], standing: dict[str, float],
+                    run: DraftRun) -> dict[str, tuple[Candidate, int]]:
+        """In a batch, with the step swept (StepCostModel.sweep): the plan with the most tokens per
+        second, each step priced by the step table at its rows (the envelope; attention added per
+        row), among the fair ones. For each depth the draft model could run to (0: not at all),
+        each request takes the candidate that gains more within it; their tokens are taken best
+        first (gains never increase along a candidate, so each request's are a prefix), and the
+        best count of them wins. Fair: what the others' tokens add to a request's step (the
+        step's extra seconds, less its own tokens' share of them) is paid by its standing gain
+        and the tolerance (policy.py's fairness gate). Priced by the slope instead, a step's rows
+        past the batch all cost a row's average: at 8 streams on an AVX2 EPYC (float32) the 4
+        rows after 8 cost 1.2 ms for all of them, 4% of the step, where the slope priced each
+        at about 1.4 ms and the gate let none through."""
+        batch_size = len(options)
+        attention = [self.cost.c * (context + 1) for context in contexts]  # per row of each request
+        longest = sum(max((len(c.gains) for c in per_request), default=0) for per_request in options)
+        steps = self.cost.envelope(batch_size + longest)  # steps[n - 1]: a step of n rows
+        plain = steps[batch_size - 1] + sum(attention)
+        budgets = [plain * (standing.get(per_request[0].req_id, 0.0) + TOLERANCE) for per_request in options]
+        # Drafting nothing: each request's first candidate with drafts (its probe's, _plan).
+        idle = [next((c for c in per_request if c.gains), per_request[0]) for per_request in options]
+        best = {candidate.req_id: (candidate, 0) for candidate in idle}
+        best_rate = batch_size / plain
+        max_depth = max((len(c.gains) for per_request in options for c in per_request if c.method == "draft"),
+                        default=0)
+        improved_at = 0  # the last depth whose plan was the best so far
+        for depth in range(max_depth + 1):
+            if depth > improved_at + 1:
+                # A run one position shallower did not pay: deeper ones, paying that run and
+                # more, for tokens less likely than those, are not tried (half of planning's
+                # time at 8 streams went to depths that never paid).
+                break
+            picks: list[tuple[Candidate, int] | None] = []
+            for per_request in options:
+                usable = [(c, min(depth, len(c.gains)) if c.method == "draft" else len(c.gains)) for c in per_request]
+                usable = [(c, n) for c, n in usable if n > 0]
+                picks.append(max(usable, key=lambda cn: sum(cn[0].gains[: cn[1]])) if usable else None)
+            tokens = sorted(((pick[0].gains[j], j, i) for i, pick in enumerate(picks) if pick is not None
+                             for j in range(pick[1]) if pick[0].gains[j] > 0), key=lambda t: (-t[0], t[1], t[2]))
+            counts = [0] * batch_size
+            gained = 0.0
+            seconds_less_rows = plain - steps[batch_size - 1]  # attention, the draft model's run
+            deepest = 0
+            for added, (gain, j, i) in enumerate(tokens, 1):
+                if j != counts[i]:  # (never: each request's tokens come in order)
+                    break
+                counts[i] += 1
+                gained += gain
+                seconds_less_rows += attention[i]
+                if picks[i][0].method == "draft":
+                    seconds_less_rows += self.draft_cost.per_token
+                    if j + 1 > deepest:  # the run goes a position deeper
+                        seconds_less_rows += run.seconds(j + 1) - run.seconds(deepest)
+                        deepest = j + 1
+                seconds = steps[batch_size + added - 1] + seconds_less_rows
+                rate = (batch_size + gained) / seconds
+                if rate <= best_rate * (1 + 1e-12):
+                    continue
+                extra = (seconds - plain) * (1 - 1e-9)  # (rounding)
+                if all(extra * (added - count) <= budget * added for count, budget in zip(counts, budgets)):
+                    best_rate, improved_at = rate, depth
+                    best = {candidate.req_id: (picks[k][0], counts[k]) if counts[k] else (candidate, 0)
+                            for k, candidate in enumerate(idle)}
+        return best
 
     def _head_pays_alone(self, request: ProposalRequest, step_seconds: float) -> bool:
         """Alone, whether a draft model that stops by confidence should run whenever the plan
@@ -758,7 +905,7 @@ class SpeculationController:
         depth = max((count for candidate, count in plan.values() if candidate.method == "draft"), default=0)
         return (batch_size + gained) / max(seconds + run.seconds(depth), 1e-9)
 
-    def _standing_gains(self, requests: list[ProposalRequest]) -> dict[str, float]:
+    def _standing_gains(self, requests: list[ProposalRequest], new_step: bool = True) -> dict[str, float]:
         """Per request, the drafted tokens the target accepted for it per step over its recent
         steps, this one included (steps without drafts gain nothing), with a prior of
         STANDING_PRIOR_STEPS steps at the rate pooled over all requests' steps, which fades like
@@ -768,14 +915,16 @@ class SpeculationController:
         that set a batch's pace at 0.1-0.16 tokens a step where their drafts made 0.02 (3 of 22
         accepted): drafting slowed the batch by 4%."""
         pooled = self._pooled_standing
-        pooled.new_step(len(requests))
+        if new_step:
+            pooled.new_step(len(requests))
         prior = pooled.rate()
         standing = {}
         for request in requests:
             own = self._standing.get(request.req_id)
             if own is None:
                 own = self._standing[request.req_id] = TokensPerStep(prior_steps=STANDING_PRIOR_STEPS)
-            own.new_step()
+            if new_step:
+                own.new_step()
             standing[request.req_id] = own.rate(prior)
         return standing
 

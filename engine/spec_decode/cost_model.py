@@ -35,6 +35,14 @@ pulled up by prompt chunks, says nothing about it, and a batch that drafts on ev
 never see one). Only ever dearer: where the table says less, the line stands (pricing the
 1-8-token stretch as free would draft deep on every step).
 
+The table only knows the steps run, and a batch whose drafts the line priced out never runs the
+steps that would show them cheap. So the runner sweeps the step once by row count
+(engine/worker/step_sweep.py) and hands it over (sweep): a count no step was seen at reads as its
+sweep plus the gap between the steps seen and their sweep (interpolated between the nearest seen
+counts), the sweep giving the stairs, the steps seen the level; the controller then plans
+batches on the table itself (controller.py's _plan_batch) rather than on the line and its
+surcharge.
+
 The fit is least squares with exponential forgetting (recent observations count most: the batch,
 the contexts and the machine's load drift). The slopes are only identifiable when the regressors
 vary; while x does not, the last well-posed fit is kept; while x and y move together, y is left
@@ -45,6 +53,8 @@ never costs less).
 """
 
 from __future__ import annotations
+
+import bisect
 
 FORGET = 0.97  # weight of the past per observation (half-life ~23)
 TABLE_DECAY = 0.8  # weight of a token count's past steps per new one in the step table
@@ -118,26 +128,60 @@ class StepCostModel(PlaneFit):
 
     def __init__(self, forget: float = FORGET) -> None:
         super().__init__(forget)
-        self._by_tokens: dict[int, float] = {}  # token count -> averaged seconds less c * attention
+        self._seen: dict[int, float] = {}  # token count -> averaged seconds less c * attention
+        self._swept: dict[int, float] = {}  # token count -> the runner's sweep (sweep())
+        self._known: dict[int, float] | None = None  # _table(), until the next step or sweep
+
+    @property
+    def swept(self) -> bool:
+        return bool(self._swept)
+
+    def sweep(self, seconds_by_rows: dict[int, float]) -> None:
+        """The runner's sweep of the step by row count (engine/worker/step_sweep.py): its forward
+        and logits alone. A count no step was seen at reads as its sweep plus what the steps seen
+        cost beyond theirs (building inputs, sampling, contexts longer than the sweep's): the
+        sweep gives the staircase's shape, the steps seen its level (_table)."""
+        self._swept = {int(n): float(t) for n, t in seconds_by_rows.items() if n >= 1}
+        self._known = None
 
     def observe(self, num_tokens: int, seconds: float, attention: float = 0.0) -> None:  # type: ignore[override]
         super().observe(num_tokens, attention, seconds)
         residual = float(seconds) - self.c * float(attention)
-        before = self._by_tokens.get(int(num_tokens))
-        self._by_tokens[int(num_tokens)] = residual if before is None else (
+        before = self._seen.get(int(num_tokens))
+        self._seen[int(num_tokens)] = residual if before is None else (
             TABLE_DECAY * before + (1 - TABLE_DECAY) * residual)
+        self._known = None
+
+    def _table(self) -> dict[int, float]:
+        """Seconds by token count: the steps seen, and the swept counts not seen, each its sweep
+        plus the gap between the steps seen and their sweep, interpolated between the nearest
+        seen counts that were swept (the nearest one's beyond them; none before any is seen)."""
+        if self._known is not None:
+            return self._known
+        known = dict(self._seen)
+        both = sorted(n for n in self._seen if n in self._swept)
+        gaps = [self._seen[n] - self._swept[n] for n in both]
+        for n, swept in self._swept.items():
+            if n in known:
+                continue
+            if not both:
+                gap = 0.0
+            elif n <= both[0]:
+                gap = gaps[0]
+            elif n >= both[-1]:
+                gap = gaps[-1]
+            else:
+                above = bisect.bisect_left(both, n)
+                lo, hi = both[above - 1], both[above]
+                gap = gaps[above - 1] + (gaps[above] - gaps[above - 1]) * (n - lo) / (hi - lo)
+            known[n] = swept + gap
+        self._known = dict(sorted(known.items()))
+        return self._known
 
     def table_seconds(self, num_tokens: int) -> float | None:
         """A step of num_tokens tokens as the table has it (less attention): its own average, else
         the straight line between the nearest counts seen below and above; None outside them."""
-        if num_tokens in self._by_tokens:
-            return self._by_tokens[num_tokens]
-        below = max((n for n in self._by_tokens if n < num_tokens), default=None)
-        above = min((n for n in self._by_tokens if n > num_tokens), default=None)
-        if below is None or above is None:
-            return None
-        t_below, t_above = self._by_tokens[below], self._by_tokens[above]
-        return t_below + (t_above - t_below) * (num_tokens - below) / (above - below)
+        return _read(self._table(), num_tokens)
 
     def surcharge(self, num_tokens: int, added: int) -> float:
         """Seconds per token beyond the slope b that `added` more tokens cost on a step of
@@ -154,27 +198,31 @@ class StepCostModel(PlaneFit):
         table's secant (attention excluded, never negative); None unless both steps were seen."""
         if added <= 0 or not (self.seen(num_tokens) and self.seen(num_tokens + added)):
             return None
-        return max(0.0, (self._by_tokens[num_tokens + added] - self._by_tokens[num_tokens]) / added)
+        return max(0.0, (self._seen[num_tokens + added] - self._seen[num_tokens]) / added)
 
     def envelope(self, max_tokens: int) -> list[float]:
         """Seconds of a step of 1..max_tokens tokens (index n - 1; attention excluded) by the
         table, made non-decreasing (more tokens never cost less): between seen counts the line
-        between them, below the least seen count its step, past the most the slope. Empty
-        before any step was seen."""
-        if not self._by_tokens:
+        between them, below the least seen count its step, past the most the slope (swept counts
+        count as seen: _table). Empty before any step was seen or swept."""
+        table = self._table()
+        if not table:
             return []
-        least, most = min(self._by_tokens), max(self._by_tokens)
+        counts = list(table)
+        least, most = counts[0], counts[-1]
         steps: list[float] = []
         for n in range(1, max_tokens + 1):
-            seconds = self.table_seconds(n)
+            seconds = table.get(n)
+            if seconds is None and least < n < most:
+                seconds = _read(table, n)
             if seconds is None:
-                seconds = self._by_tokens[least] if n < least else self._by_tokens[most] + self.b * (n - most)
+                seconds = table[least] if n < least else table[most] + self.b * (n - most)
             steps.append(max(seconds, steps[-1]) if steps else seconds)
         return steps
 
     def seen(self, num_tokens: int) -> bool:
         """Whether a step of exactly num_tokens tokens was observed (the base of a secant)."""
-        return num_tokens in self._by_tokens
+        return num_tokens in self._seen
 
     def step_seconds(self, num_tokens: int, attention: float = 0.0) -> float:
         return self.predict(num_tokens, attention)
@@ -209,3 +257,17 @@ class DraftCostModel(PlaneFit):
 
     def seconds(self, depth: int, num_tokens: int) -> float:
         return 0.0 if depth <= 0 else self.predict(depth, num_tokens)
+
+
+def _read(table: dict[int, float], num_tokens: int) -> float | None:
+    """StepCostModel.table_seconds over a table already built (its keys in increasing order)."""
+    found = table.get(num_tokens)
+    if found is not None:
+        return found
+    counts = list(table)
+    above = bisect.bisect_left(counts, num_tokens)
+    if above == 0 or above == len(counts):
+        return None
+    below, above = counts[above - 1], counts[above]
+    t_below, t_above = table[below], table[above]
+    return t_below + (t_above - t_below) * (num_tokens - below) / (above - below)

@@ -42,6 +42,7 @@ from engine.worker.kv_cache import (
     kv_cache_torch_dtype,
     num_blocks_for_budget,
 )
+from engine.worker.step_sweep import STEP_SWEEP_ROWS, sweep_step_seconds
 from kernels.onednn_linear import onednn_bf16_available
 from kernels.small_rows_linear import skinny_enabled
 
@@ -182,6 +183,7 @@ class ModelRunner:
             logger.info("weights: %.0f MiB in 2 MiB pages (%.2f s)", self.huge_page_weight_bytes / 2**20,
                         time.perf_counter() - started)
         self.spec: SpeculationController | None = None  # built with the KV cache
+        self._swept_steps: dict[int, float] | None = None  # _step_sweep()
         self.step_seconds = 0.0
         self.num_accepted_alternatives = 0  # runners-up the target took (each with its bonus token)
         self._first_scratch_block: int | None = None  # set with the KV cache
@@ -261,7 +263,17 @@ class ModelRunner:
                                                             dtype=self.draft_dtype)
             suffix = (SuffixProposer(max_drafts=config.num_suffix_tokens, corpus=self._load_suffix_corpus())
                       if config.method in ("suffix", "hybrid") else None)
-            self.spec = SpeculationController(config, suffix=suffix, draft=draft_proposer)
+            self.spec = SpeculationController(config, suffix=suffix, draft=draft_proposer,
+                                              step_sweep=self._step_sweep() if config.adaptive else None)
+
+    def _step_sweep(self) -> dict[int, float]:
+        """The target step's seconds by row count, swept once (engine/worker/step_sweep.py)."""
+        if self._swept_steps is None:
+            max_rows = min(STEP_SWEEP_ROWS, self.scheduler_config.max_num_batched_tokens)
+            started = time.perf_counter()
+            self._swept_steps = sweep_step_seconds(self.model, self.kv_spec, self.device, max_rows)
+            logger.info("Swept the step at 1-%d rows in %.2f s", max_rows, time.perf_counter() - started)
+        return self._swept_steps
 
     def _load_suffix_corpus(self) -> SuffixCorpus | None:
         if self._suffix_corpus is None and self._suffix_corpus_path is not None:

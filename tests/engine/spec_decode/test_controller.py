@@ -183,6 +183,75 @@ def test_alone_a_plan_stops_before_the_stair_of_the_step_table() -> None:
             spec.observe_step(n, 0.030)
     assert spec._plan_alone([Candidate("a", [0.1, 0.05], 0.001)], context=10, run=run)["a"][1] == 0
 
+
+def swept(spec: SpeculationController, rows_after_stair: float = 0.0001) -> dict[int, float]:
+    """Gives the controller a swept CPU step (a pass over the weights per 6 rows, 6 ms each, and
+    rows_after_stair a row) and steps seen at it, so its line is fitted; returns the sweep."""
+    sweep = {n: 0.020 + 0.006 * ((n - 1) // 6) + rows_after_stair * n for n in range(1, 33)}
+    spec.cost = controller_module.StepCostModel()
+    spec.cost.sweep(sweep)
+    for n in (1, 8, 16, 8, 24, 8):
+        spec.observe_step(n, sweep[n])
+    return sweep
+
+
+def test_in_a_batch_a_swept_step_drafts_into_the_rows_its_stair_leaves_free() -> None:
+    from engine.spec_decode.policy import Candidate, DraftRun
+    spec, _ = controller("suffix")
+    swept(spec)
+    firsts = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+    options = [[Candidate(f"r{i}", [g, g / 2], token_seconds=spec.cost.b)] for i, g in enumerate(firsts)]
+    # The slope (a row's average, ~1 ms) breaks even at a gain of 0.3 a token: the line's plan
+    # drafts 6 tokens, 14 rows, past the stair at 12.
+    assert spec.cost.b > 0.0008
+    # By the table, rows 9-12 cost 0.1 ms each and the 13th 6 ms: the four best first drafts,
+    # 0.4 ms in all, within what the tolerance lets a request that gains nothing wait (2% of 27 ms).
+    plan = spec._plan_batch(options, [10] * 8, {}, DraftRun(0.0, 0.0))
+    assert {req_id: count for req_id, (_, count) in plan.items()} == {
+        "r0": 1, "r1": 1, "r2": 1, "r3": 1, "r4": 0, "r5": 0, "r6": 0, "r7": 0}
+
+
+def test_in_a_batch_the_others_rows_are_paid_by_a_requests_standing_gain() -> None:
+    from engine.spec_decode.policy import Candidate, DraftRun
+    spec, _ = controller("suffix")
+    swept(spec, rows_after_stair=0.001)  # rows 9-12 cost 1 ms each: more than 2% of a step
+    options = [[Candidate(f"r{i}", [0.9, 0.9], token_seconds=spec.cost.b)] for i in range(8)]
+    plan = spec._plan_batch(options, [10] * 8, {}, DraftRun(0.0, 0.0))
+    assert sum(count for _, count in plan.values()) == 0
+    # Gaining 0.07 tokens a step of 34 ms, a request may wait 2.4 ms + the tolerance's 0.7 for
+    # the others' rows: three of them.
+    plan = spec._plan_batch(options, [10] * 8, {f"r{i}": 0.07 for i in range(8)}, DraftRun(0.0, 0.0))
+    assert sum(count for _, count in plan.values()) == 3
+
+
+def test_in_a_batch_a_swept_controller_proposes_while_drafts_gain_and_else_explores() -> None:
+    def run(accepted: bool, steps: int = 7) -> list[bool]:
+        """Which steps proposed (ran the suffix proposer), drafts all accepted or all rejected."""
+        spec, _ = controller("suffix")
+        swept(spec)
+        requests = [request(f"r{i}", REPEATING) for i in range(8)]
+        proposing: list[bool] = []
+        propose = spec.suffix.propose
+
+        def counted(*args, **kwargs):
+            proposing[-1] = True
+            return propose(*args, **kwargs)
+
+        spec.suffix.propose = counted
+        for _ in range(steps):
+            proposing.append(False)
+            for req_id, proposal in spec.propose(requests, batch_size=8).items():
+                drafted = len(proposal.token_ids)
+                spec.record(req_id, drafted, drafted if accepted else 0)
+        return proposing
+
+    # Drafts the target takes: every step proposes.
+    assert all(run(accepted=True))
+    # Nothing gained: proposing (here a few microseconds) pays nothing, so after the first step
+    # it runs once every explore_every steps (2 at this price), to measure again.
+    assert run(accepted=False) == [True, False, True, False, True, False, True]
+
+
 def test_draft_model_length_follows_its_cost() -> None:
     # Alone, 31 ms a step: break-even gain (1 ms + the draft's own 10 ms) / 31 ms = 0.35, so a
     # prior of p = 0.5 drafts one token (0.5), not two (0.25).
@@ -840,7 +909,8 @@ def test_alone_the_head_prices_a_verified_token_by_the_steps_seen_with_its_draft
     # drafts after the first is (0.1 ms verifying, the draft's own) / step; until a step with
     # one draft and one with more were seen, and in a batch, the line prices them.
     spec, draft = controller("draft", draft_seconds=0.010, draft_class=ConfidentDraft)
-    spec.cost._by_tokens.clear()  # (forgets the line controller() showed it; the fit keeps it)
+    spec.cost._seen.clear()  # (forgets the line controller() showed it; the fit keeps it)
+    spec.cost._known = None
     step = spec._plain_step_seconds(4, 1)
 
     def floor(batch_size: int = 1) -> float:
@@ -853,13 +923,15 @@ def test_alone_the_head_prices_a_verified_token_by_the_steps_seen_with_its_draft
     found, own = floor()
     assert found == pytest.approx((spec.cost.token_seconds(4) + own) / step, rel=1e-6)
     for n in (2, 3, 4, 5):
-        spec.cost._by_tokens[n] = 0.030 + 0.0001 * (n - 2)
+        spec.cost._seen[n] = 0.030 + 0.0001 * (n - 2)
     for n in range(6, 49):
-        spec.cost._by_tokens[n] = 0.0303 + 0.001 * (n - 5)
+        spec.cost._seen[n] = 0.0303 + 0.001 * (n - 5)
+    spec.cost._known = None  # (the table as read, built again)
     assert spec.cost.b > 0.0008
     found, own = floor()
     assert found == pytest.approx((0.0001 + own) / step, rel=1e-6)
-    del spec.cost._by_tokens[5]  # the furthest seen up to the cap's: 4 tokens
+    del spec.cost._seen[5]  # the furthest seen up to the cap's: 4 tokens
+    spec.cost._known = None
     found, own = floor()
     assert found == pytest.approx((0.0001 + own) / step, rel=1e-6)
     found, _ = floor(batch_size=2)

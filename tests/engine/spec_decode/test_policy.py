@@ -266,6 +266,38 @@ def test_step_table_secant_between_seen_steps() -> None:
     assert cost.secant_seconds(8, 0) is None
 
 
+def cpu_sweep(max_rows: int = 24) -> dict[int, float]:
+    """A swept CPU step: a pass over the weights per 6 rows (6 ms each) and 0.1 ms a row."""
+    return {n: 0.020 + 0.006 * ((n - 1) // 6) + 0.0001 * n for n in range(1, max_rows + 1)}
+
+
+def test_a_swept_table_reads_as_the_sweep_lifted_by_the_steps_seen() -> None:
+    cost = StepCostModel()
+    sweep = cpu_sweep()
+    cost.sweep(sweep)
+    assert cost.swept and not cost.seen(8)
+    # Before any step is seen: the sweep itself, its stairs included.
+    assert cost.table_seconds(10) == pytest.approx(sweep[10])
+    assert cost.envelope(13)[11:13] == pytest.approx([sweep[12], sweep[13]])
+    # A step seen at 4 rows took 2 ms more than its sweep (inputs, sampling): every swept count
+    # is lifted by that much, the stairs kept.
+    cost.observe(4, sweep[4] + 0.002)
+    assert cost.seen(4) and cost.table_seconds(4) == pytest.approx(sweep[4] + 0.002)
+    assert cost.table_seconds(13) - cost.table_seconds(12) == pytest.approx(sweep[13] - sweep[12])
+    assert cost.table_seconds(20) == pytest.approx(sweep[20] + 0.002)
+    # Another at 8 rows, 4 ms over: between them the gap is interpolated, beyond them the nearest one's.
+    cost.observe(8, sweep[8] + 0.004)
+    assert cost.table_seconds(6) == pytest.approx(sweep[6] + 0.003)
+    assert cost.table_seconds(2) == pytest.approx(sweep[2] + 0.002)
+    assert cost.table_seconds(12) == pytest.approx(sweep[12] + 0.004)
+    # Past the sweep, the steps seen and the slope, as without one.
+    cost.observe(40, 0.080)
+    assert cost.table_seconds(32) == pytest.approx(sweep[24] + 0.004 + (0.080 - sweep[24] - 0.004) * 8 / 16)
+    # Secants stay between steps actually seen.
+    assert cost.secant_seconds(4, 4) == pytest.approx((sweep[8] + 0.004 - sweep[4] - 0.002) / 4)
+    assert cost.secant_seconds(8, 4) is None
+
+
 def test_the_step_table_averages_and_forgets_attention() -> None:
     cost = StepCostModel()
     for n, w in ((8, 1000), (16, 9000), (8, 4000), (40, 2000), (16, 100)) * 6:
