@@ -153,6 +153,17 @@ PROBE_SHARE = 0.005
 # run 1.698x against 1.687x), agent turns 2.050x against 2.018x, chat 1.366x against 1.358x.
 ALONE_TABLE_ROWS = 4
 REPRICINGS = 3  # plans priced again by the steps seen (_price_by_steps_seen)
+# A batch whose drafts have not paid for their proposing skips it, and explores (proposes anyway)
+# on as few steps as keep what exploring costs (its measured proposing and the rows it added)
+# within this share of the steps skipped, at most every MAX_EXPLORE_INTERVAL steps
+# (_proposing_does_not_pay). Side by side (8 streams, 4 rounds, variants rotated over engines):
+# 0.25% and 32, priced by the exploring steps' measured cost, made code 1.090x of none against
+# 1.065x with PROBE_SHARE and PROBE_EVERY priced by proposing_seconds (every round ahead:
+# 1.087/1.047, 1.067/1.033, 1.094/1.082, 1.141/1.099), chat 0.979x against 0.977x: exploring
+# steps catch the suffix index up over the steps skipped and draft rows that rarely pay there.
+EXPLORE_SHARE = 0.0025
+MAX_EXPLORE_INTERVAL = 2 * PROBE_EVERY
+EXPLORE_DECAY = 0.8  # weight of the past in the measured cost of an exploring step
 # Weight of a request's past steps in its standing gain (the fairness gate's): about the last 20
 # steps count, long enough to span the gaps between a code answer's repeated stretches.
 STANDING_DECAY = 0.95
@@ -306,6 +317,8 @@ class SpeculationController:
         self._proposing_cost = 0.0
         self._token_worth = 0.0
         self._shut_steps = 0  # steps skipped in a row by _proposing_does_not_pay
+        self._exploring_now = False  # whether this step's proposing explores
+        self._explore_seconds = 0.0  # what an exploring step costs (decaying mean)
         # The chance a draft model's token is accepted, given its own probability of it (pooled);
         # a draft model that stops by confidence reads it (calibration.py).
         self.calibration = ConfidenceCalibration()
@@ -447,7 +460,7 @@ class SpeculationController:
             probe_every = self._probe_every(len(requests), mean_context, step_seconds)
             probe_step = self._planned_steps % probe_every == 0
             if batch_size >= 2 and self.cost.swept:
-                shut = not (unpriced or probe_step) and self._proposing_does_not_pay(requests, batch_size)
+                shut = not (unpriced or probe_step) and self._proposing_does_not_pay(step_seconds)
             else:
                 standing = self._standing_gains(requests)
                 # The least a plan costs: one verified token, and proposing and planning it (the
@@ -464,6 +477,7 @@ class SpeculationController:
             # run after skipped steps catches up on all of them (an EAGLE head at 8 chat streams:
             # ~4 ms, a sixth of a step), to measure what is mostly measured alone anyway.
             exploring = self._shut_steps > 0
+            self._exploring_now = exploring
             self._shut_steps = 0
             if batch_size >= 2 and self.cost.swept:
                 standing = self._standing_gains(requests)
@@ -589,28 +603,24 @@ class SpeculationController:
         context = _context_len(request)
         return self.cost.token_seconds(context) if row is None else row + self.cost.c * (context + 1)
 
-    def _proposing_does_not_pay(self, requests: list[ProposalRequest], batch_size: int) -> bool:
+    def _proposing_does_not_pay(self, step_seconds: float) -> bool:
         """In a batch with the step swept: whether this step skips proposing, because over the
         steps that proposed what their accepted drafts were worth was less than what proposing
-        them cost (_account_proposing), or because some request's standing gain (with the
-        fairness gate's tolerance) does not pay for the proposing it waits for: every request
-        waits for it, and a batch that runs until its slowest request ends is slowed by what that
-        one did not gain (at 8 chat streams, side by side over 4 rotated rounds, 0.976x of `none`
-        with this second test against 0.968x without; code 1.039x against 1.040x, agent turns
-        1.107x against 1.085x). Once every explore_every skipped steps it proposes anyway,
-        so that the worth stays measured: as many as keep proposing's cost within PROBE_SHARE of
-        the steps skipped, at most PROBE_EVERY (a request's first proposing, which indexes its
-        prompt, costs several times a later one's). Before, the fairness gate (gate_shut) took
-        the least standing gain over all steps, skipped ones counting nothing: once shut it stayed
-        shut, and at 8 code streams drafts the target took 70% of the time were never proposed;
-        opened by gross gains instead, at 8 chat streams it proposed for 4% more tokens a step
-        that cost 5% more time (proposing 0.8 ms, rows 0.4, of a 26 ms step)."""
-        step_seconds = self.cost.step_seconds(batch_size)  # (the line: cheaper than the table, near enough)
+        them cost (_account_proposing). step_seconds: plain decoding's step, attention included.
+        Once every explore_every skipped steps it proposes anyway, so that the worth stays
+        measured: as many as keep what an exploring step costs (measured: its proposing and the
+        rows it added) within EXPLORE_SHARE of the steps skipped, at most MAX_EXPLORE_INTERVAL.
+        Before, the fairness gate (gate_shut) took the least standing gain over all steps,
+        skipped ones counting nothing: once shut it stayed shut, and at 8 code streams drafts the
+        target took 70% of the time were never proposed; opened by gross gains instead, at 8 chat
+        streams it proposed for 4% more tokens a step that cost 5% more time (proposing 0.8 ms,
+        rows 0.4, of a 26 ms step)."""
         if self._proposing_paid >= self._proposing_cost:
-            least = min(self._standing_gains(requests, new_step=False).values())
-            if step_seconds * (least + TOLERANCE) >= self.proposing_seconds:
-                return False
-        explore_every = min(PROBE_EVERY, max(2, math.ceil(self.proposing_seconds / (PROBE_SHARE * step_seconds))))
+            return False
+        if step_seconds <= 0:
+            return False  # (nothing priced yet)
+        exploring = self._explore_seconds if self._explore_seconds > 0 else self.proposing_seconds
+        explore_every = min(MAX_EXPLORE_INTERVAL, max(2, math.ceil(exploring / (EXPLORE_SHARE * step_seconds))))
         self._shut_steps += 1
         return self._shut_steps < explore_every
 
@@ -625,6 +635,10 @@ class SpeculationController:
             steps[batch_size + num_rows_added - 1] - steps[batch_size - 1])
         self._proposing_paid *= STANDING_DECAY
         self._token_worth = step_seconds / batch_size
+        if self._exploring_now:  # what exploring costs (_proposing_does_not_pay)
+            cost = seconds + steps[batch_size + num_rows_added - 1] - steps[batch_size - 1]
+            self._explore_seconds = cost if self._explore_seconds <= 0 else (
+                EXPLORE_DECAY * self._explore_seconds + (1 - EXPLORE_DECAY) * cost)
 
     def _plain_step_seconds(self, mean_context: float, batch_size: int) -> float:
         """Plain decoding's step: every running request one token, at its context (mean_context:

@@ -250,6 +250,11 @@ def test_in_a_batch_a_swept_controller_proposes_while_drafts_gain_and_else_explo
     # Nothing gained: proposing (here a few microseconds) pays nothing, so after the first step
     # it runs once every explore_every steps (2 at this price), to measure again.
     assert run(accepted=False) == [True, False, True, False, True, False, True]
+    # Where no plain step is priced yet (a line all attention, read without any), it proposes.
+    spec, _ = controller("suffix")
+    swept(spec)
+    spec._proposing_cost = 1.0
+    assert not spec._proposing_does_not_pay(0.0) and spec._proposing_does_not_pay(0.030)
 
 
 def test_draft_model_length_follows_its_cost() -> None:
