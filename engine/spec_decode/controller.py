@@ -926,7 +926,7 @@ class SpeculationController:
         depth = max((count for candidate, count in plan.values() if candidate.method == "draft"), default=0)
         return (batch_size + gained) / max(seconds + run.seconds(depth), 1e-9)
 
-    def _standing_gains(self, requests: list[ProposalRequest], new_step: bool = True) -> dict[str, float]:
+    def _standing_gains(self, requests: list[ProposalRequest]) -> dict[str, float]:
         """Per request, the drafted tokens the target accepted for it per step over its recent
         steps, this one included (steps without drafts gain nothing), with a prior of
         STANDING_PRIOR_STEPS steps at the rate pooled over all requests' steps, which fades like
@@ -934,18 +934,17 @@ class SpeculationController:
         the others' do). Measured rather than expected: acceptance estimates lean on the pooled
         rate while a request's own trials are few, and at 8 chat streams that put the requests
         that set a batch's pace at 0.1-0.16 tokens a step where their drafts made 0.02 (3 of 22
-        accepted): drafting slowed the batch by 4%."""
+        accepted): drafting slowed the batch by 4%. (In a batch with the step swept, only the steps
+        that proposed count: the others skip this.)"""
         pooled = self._pooled_standing
-        if new_step:
-            pooled.new_step(len(requests))
+        pooled.new_step(len(requests))
         prior = pooled.rate()
         standing = {}
         for request in requests:
             own = self._standing.get(request.req_id)
             if own is None:
                 own = self._standing[request.req_id] = TokensPerStep(prior_steps=STANDING_PRIOR_STEPS)
-            if new_step:
-                own.new_step()
+            own.new_step()
             standing[request.req_id] = own.rate(prior)
         return standing
 
