@@ -146,3 +146,22 @@ def test_single_occurrences_leave_nothing_for_the_garbage_collector_to_walk() ->
     repeated = [found for found in entries if not isinstance(found, int)]
     assert repeated and all(2 <= len(found) <= proposer.max_occurrences for found in repeated)
     assert all(list(found) == sorted(found) for found in repeated)
+
+
+def test_index_prompts_indexes_a_new_requests_prompt_once_and_proposing_the_rest() -> None:
+    proposer = SuffixProposer()
+    prompt = [5, 6, 7, 8, 9] * 3
+    request = ProposalRequest("a", prompt_token_ids=prompt, output_token_ids=[], num_drafts=4)
+    proposer.index_prompts([request])
+    index = proposer._requests["a"]
+    assert index.tokens == prompt
+    def occurrences() -> int:
+        return sum(1 if isinstance(found, int) else len(found) for found in index.ends.values())
+
+    before = occurrences()
+    proposer.index_prompts([request])  # indexed already: nothing added
+    assert index.tokens == prompt and occurrences() == before
+    # Proposing indexes the outputs since, and follows the prompt's repeat.
+    request.output_token_ids.extend([5, 6])
+    assert proposer.propose([request])["a"].token_ids == [7, 8, 9, 5]
+    assert index.tokens == prompt + [5, 6]
