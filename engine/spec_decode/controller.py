@@ -317,7 +317,6 @@ class SpeculationController:
         self._proposing_cost = 0.0
         self._token_worth = 0.0
         self._shut_steps = 0  # steps skipped in a row by _proposing_does_not_pay
-        self._exploring_now = False  # whether this step's proposing explores
         self._explore_seconds = 0.0  # what an exploring step costs (decaying mean)
         # The chance a draft model's token is accepted, given its own probability of it (pooled);
         # a draft model that stops by confidence reads it (calibration.py).
@@ -477,7 +476,6 @@ class SpeculationController:
             # run after skipped steps catches up on all of them (an EAGLE head at 8 chat streams:
             # ~4 ms, a sixth of a step), to measure what is mostly measured alone anyway.
             exploring = self._shut_steps > 0
-            self._exploring_now = exploring
             self._shut_steps = 0
             if batch_size >= 2 and self.cost.swept:
                 standing = self._standing_gains(requests)
@@ -553,7 +551,7 @@ class SpeculationController:
             catching_up = getattr(self.draft, "kv_only_seconds", 0.0) if need_draft else 0.0  # (its last run's)
             self._account_proposing(batch_size, step_seconds,
                                     sum(r.num_drafts + 2 * r.num_alternatives for r in requests),
-                                    seconds - once - catching_up)
+                                    seconds - once - catching_up, exploring)
         else:
             self._token_worth = 0.0  # (alone: its drafts are not the batch's account)
         return proposals
@@ -624,19 +622,20 @@ class SpeculationController:
         self._shut_steps += 1
         return self._shut_steps < explore_every
 
-    def _account_proposing(self, batch_size: int, step_seconds: float, num_rows_added: int, seconds: float) -> None:
+    def _account_proposing(self, batch_size: int, step_seconds: float, num_rows_added: int, seconds: float,
+                           exploring: bool) -> None:
         """A step in a batch proposed: its cost is `seconds` of proposing and planning (the draft
         model's run included, not what a request's first proposing or an EAGLE head's catch-up
         cost once) and the rows it added to the step, by the step table; what its drafts gain,
         each accepted token a plain step's seconds (step_seconds, attention included) over the
-        batch, is added as they are verified (record)."""
+        batch, is added as they are verified (record). exploring: the step explored (what that
+        costs prices exploring: _proposing_does_not_pay)."""
         steps = self.cost.envelope(batch_size + num_rows_added)
-        self._proposing_cost = STANDING_DECAY * self._proposing_cost + seconds + (
-            steps[batch_size + num_rows_added - 1] - steps[batch_size - 1])
+        cost = seconds + steps[batch_size + num_rows_added - 1] - steps[batch_size - 1]
+        self._proposing_cost = STANDING_DECAY * self._proposing_cost + cost
         self._proposing_paid *= STANDING_DECAY
         self._token_worth = step_seconds / batch_size
-        if self._exploring_now:  # what exploring costs (_proposing_does_not_pay)
-            cost = seconds + steps[batch_size + num_rows_added - 1] - steps[batch_size - 1]
+        if exploring:
             self._explore_seconds = cost if self._explore_seconds <= 0 else (
                 EXPLORE_DECAY * self._explore_seconds + (1 - EXPLORE_DECAY) * cost)
 
