@@ -126,8 +126,7 @@ def eagle_rollout_matches(proposer: Any, states: torch.Tensor, prompt: list[int]
     block_ids = list(range(-(-(length + max_k) // proposer.block_size)))
     proposer.finish("eval", None)  # a new sequence in the same blocks
     proposer.forget_blocks(block_ids)
-    proposer.observe(states, np.asarray(sequence, dtype=np.int64), position_slots(block_ids, proposer.block_size, 0, length),
-                     [0, length], [length])
+    proposer.observe(states, np.asarray(sequence, dtype=np.int64), position_slots(block_ids, proposer.block_size, 0, length))
     matches: list[list[bool]] = []
     for t in range(len(continuation)):
         newest = len(prompt) + t - 1  # the context's last token; the head's newest output is before it

@@ -7,9 +7,14 @@ h_{t+1}; the target's output head (over the draft vocabulary) turns that into th
 t + 2. Further drafts feed the predicted state back in.
 
 Its KV (one layer) lives in a pool of its own indexed by the target's block ids and slots, and so
-do the target's states: after every target step the runner writes the states of the positions
-that step verified (prefill chunks; the last real token and the accepted drafts of a decode)
-into the state pool at their slots, one copy for the whole step. The head's KV is filled lazily
+do the target's states: after every target step the runner writes the states of all its rows
+into the state pool at their slots, one copy for the whole step. A rejected draft's row is
+written too, with the draft as its token: its position lies past the request's newest verified
+one, which is as far as the head reads, and the step that verifies that position later writes
+it again (a row's state is a function of the tokens up to it, and so is right wherever its
+token and those before it are). Sorting the verified rows out cost more than the copy: a decode
+step's Python runs with caches the weights have just streamed through (~10-30 us an operation),
+so the copy of 8 rows took ~0.1 ms. The head's KV is filled lazily
 from them, like a draft model's (draft_model.py): only when a request drafts does the head run,
 first over the positions it has no KV for (its catch-up, in the same pass as the first draft).
 A request the plan does not draft for costs the head nothing but that copy; at 8 streams on a
@@ -170,28 +175,14 @@ class EagleProposer:
         tokens, probs = found
         return tokens.tolist(), probs.tolist()
 
-    def observe(self, hidden: torch.Tensor, tokens: np.ndarray, slot_mapping: np.ndarray,
-                query_start_loc: list[int], num_verified: list[int]) -> None:
-        """After a target step: hidden [num_tokens (+ more rows), hidden] its final states;
-        tokens and slot_mapping [num_tokens] its rows' tokens (the token at the row's position:
-        the input, or the runner-up accepted in its place) and slots; query_start_loc its rows per
-        request; num_verified, per request, how many of its rows hold verified states: its first
-        ones (the real tokens and the accepted drafts). Stores those states at their slots."""
-        total = sum(num_verified)
-        if total == 0:
-            return
-        if total == len(slot_mapping):
-            # Every row (each request's verified rows are its first ones, and they add up to all
-            # of them): the common decode step, without index arithmetic.
-            slots, row_tokens, verified = slot_mapping, tokens, hidden[:total]
-        else:  # rows first_i .. first_i + count_i - 1 of each request, in order
-            counts = np.asarray(num_verified, dtype=np.int64)
-            firsts = np.asarray(query_start_loc[: len(counts)], dtype=np.int64)
-            row_index = np.arange(total, dtype=np.int64) + np.repeat(firsts - (np.cumsum(counts) - counts), counts)
-            slots, row_tokens = slot_mapping[row_index], tokens[row_index]
-            verified = hidden.index_select(0, torch.from_numpy(row_index).to(hidden.device))
-        self.states.index_copy_(0, torch.from_numpy(slots).to(self.device), verified.to(self.dtype))
-        self._state_tokens[slots] = row_tokens
+    def observe(self, hidden: torch.Tensor, tokens: np.ndarray, slot_mapping: np.ndarray) -> None:
+        """After a target step: hidden [num_rows (+ more rows), hidden] its final states; tokens
+        and slot_mapping [num_rows] its rows' tokens (the token at the row's position: the input,
+        or the runner-up accepted in its place) and slots. Stores every row's state at its slot,
+        a rejected draft's too (see the module docstring: the head never reads it)."""
+        num_rows = len(slot_mapping)
+        self.states.index_copy_(0, torch.from_numpy(slot_mapping).to(self.device), hidden[:num_rows].to(self.dtype))
+        self._state_tokens[slot_mapping] = tokens
 
     def _catch_up(self, requests: list[ProposalRequest]) -> dict[str, tuple[int, torch.Tensor]]:
         """Runs the head over each request's positions without valid KV, through its newest

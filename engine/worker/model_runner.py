@@ -334,7 +334,6 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=None)
         step = build_step_inputs(self.requests, req_ids, out.num_scheduled_tokens, self.block_size)
-        num_step_drafts = [len(self.requests[req_id].spec_token_ids) for req_id in req_ids]
         paired = self._pair_inputs(step, token_bitmasks)
         inputs = paired if paired is not None else step
         device = self.device
@@ -388,7 +387,7 @@ class ModelRunner:
                 if row_logprobs is not None and row_logprobs[i] is not None and row_logprobs[i][0] is not None:
                     logprobs[row] = row_logprobs[i]
         if self.spec is not None and isinstance(self.spec.draft, EagleProposer):
-            self._observe_eagle(self.spec.draft, hidden, step, row_tokens, sampled_token_ids, num_step_drafts)
+            self.spec.draft.observe(hidden, row_tokens, step.slot_mapping)  # (every row's state)
         if step.sample_rows:
             if self.spec is not None:
                 # The price list of the next drafts: what this step cost for its tokens (before
@@ -447,19 +446,6 @@ class ModelRunner:
             row_tokens[pair.x0_row + 1] = pair.token
         self.num_accepted_alternatives += len(accepted)
         return {i: token for (_, i), token in zip(accepted, bonus)}
-
-    def _observe_eagle(self, eagle: EagleProposer, hidden: torch.Tensor, step, row_tokens: np.ndarray,
-                       sampled_token_ids: list[list[int]], num_step_drafts: list[int]) -> None:
-        """Hands the EAGLE head the states of the positions this step verified: every scheduled
-        position, less the drafts the target rejected (it stores them; engine/spec_decode/eagle.py)."""
-        starts = step.query_start_loc
-        num_verified = []
-        for row, sampled in enumerate(sampled_token_ids):
-            num_scheduled = starts[row + 1] - starts[row]
-            # Scheduled: the real tokens, then k drafts; verified: the real ones and the
-            # len(sampled) - 1 drafts accepted.
-            num_verified.append(num_scheduled - num_step_drafts[row] + len(sampled) - 1 if sampled else num_scheduled)
-        eagle.observe(hidden, row_tokens, step.slot_mapping, starts, num_verified)
 
     def _sampling_metadata(self, states: list[CachedRequestState], outputs: list[list[int]],
                            bitmask_rows: list[np.ndarray | None] | None = None) -> SamplingMetadata:

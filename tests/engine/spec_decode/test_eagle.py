@@ -46,7 +46,7 @@ def _observe(proposer: EagleProposer, ids: list[int], states: torch.Tensor, star
              blocks: list[int] | None = None) -> None:
     """One target step that computed positions [start, end) of a request whose prompt is ids."""
     slots = position_slots(list(range(8)) if blocks is None else blocks, BLOCK, start, end)
-    proposer.observe(states[start:end], np.asarray(ids[start:end], dtype=np.int64), slots, [0, end - start], [end - start])
+    proposer.observe(states[start:end], np.asarray(ids[start:end], dtype=np.int64), slots)
 
 
 def _count_passes(proposer: EagleProposer) -> list[list[tuple[int, int]]]:

@@ -48,7 +48,7 @@ def _pair(setup, held: str | None) -> tuple[EagleProposer, EagleProposer]:
 
 def _observe(proposer: EagleProposer, ids: list[int], states: torch.Tensor) -> None:
     slots = position_slots(list(range(8)), BLOCK, 0, len(ids))
-    proposer.observe(states, np.asarray(ids, dtype=np.int64), slots, [0, len(ids)], [len(ids)])
+    proposer.observe(states, np.asarray(ids, dtype=np.int64), slots)
 
 
 @pytest.mark.parametrize("held", [None, "bf16", "int8"])
