@@ -77,8 +77,10 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   sure drafts apart.
 - A draft model only runs for the requests it drafts for; it catches up on the tokens it skipped
   when it drafts again (draft_model.py, eagle.py), so a switched-off draft costs little (an EAGLE
-  head keeps the target's states of every verified position, one copy a step). An EAGLE head's
-  catch-up over positions it skipped is not billed to its drafts: it is what staying ready costs.
+  head keeps the target's states of every row, one copy a step). An EAGLE head's catch-up over
+  positions it skipped is not billed to its drafts' price per token: it is what staying ready
+  costs. A batch's account of what proposing costs (_account_proposing) does include it: after
+  steps the account skipped, it is what proposing again costs.
 
 Caps: a draft model drafts at most num_speculative_tokens per request per step, suffix matching
 at most num_suffix_tokens (longer: its drafts cost no model compute, and where text repeats a
@@ -163,6 +165,15 @@ REPRICINGS = 3  # plans priced again by the steps seen (_price_by_steps_seen)
 # steps catch the suffix index up over the steps skipped and draft rows that rarely pay there.
 EXPLORE_SHARE = 0.0025
 MAX_EXPLORE_INTERVAL = 2 * PROBE_EVERY
+# Exploring starts this many steps after the gate shuts and doubles its interval after every
+# exploring step while the account stays unpaid (up to what EXPLORE_SHARE allows), back to this
+# once it is paid: a batch's first steps tell little (a code answer repeats nothing yet), and at
+# one exploring step every ~30 a group of 128-token answers explored ~4 times, so whether the
+# account ever opened was chance (code rounds at 8 streams 0.96-1.09x of none). With probe
+# steps no longer opening it either (they had made it explore every 16), side by side (8
+# streams, variants rotated over engines, 4 rounds): code 1.115x against 1.022x (1.015-1.120
+# against 0.981-1.092), chat 0.981x against 0.968x; chat again, 6 rounds: 0.977x against 0.972x.
+FIRST_EXPLORE_INTERVAL = 4
 EXPLORE_DECAY = 0.8  # weight of the past in the measured cost of an exploring step
 # Weight of a request's past steps in its standing gain (the fairness gate's): about the last 20
 # steps count, long enough to span the gaps between a code answer's repeated stretches.
@@ -318,6 +329,7 @@ class SpeculationController:
         self._token_worth = 0.0
         self._shut_steps = 0  # steps skipped in a row by _proposing_does_not_pay
         self._explore_seconds = 0.0  # what an exploring step costs (decaying mean)
+        self._explore_interval = FIRST_EXPLORE_INTERVAL  # (backing off while exploring finds nothing)
         # The chance a draft model's token is accepted, given its own probability of it (pooled);
         # a draft model that stops by confidence reads it (calibration.py).
         self.calibration = ConfidenceCalibration()
@@ -459,7 +471,8 @@ class SpeculationController:
             probe_every = self._probe_every(len(requests), mean_context, step_seconds)
             probe_step = self._planned_steps % probe_every == 0
             if batch_size >= 2 and self.cost.swept:
-                shut = not (unpriced or probe_step) and self._proposing_does_not_pay(step_seconds)
+                # (A probe step does not open it: exploring is this gate's probe.)
+                shut = not unpriced and self._proposing_does_not_pay(step_seconds)
             else:
                 standing = self._standing_gains(requests)
                 # The least a plan costs: one verified token, and proposing and planning it (the
@@ -491,7 +504,7 @@ class SpeculationController:
         alternatives = {} if unpriced or exploring else self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
             chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, standing, probe_every,
-                                with_draft=not exploring)
+                                with_draft=not exploring, exploring=exploring)
             if unpriced:
                 chosen = _one_unpriced_draft(chosen, requests)
         else:  # everything, always: suffix where it has a proposal, else the draft model
@@ -548,10 +561,9 @@ class SpeculationController:
         self.proposer_seconds += seconds
         self._note_proposing(seconds - draft_seconds - once)
         if self.config.adaptive and batch_size >= 2 and self.cost.swept:
-            catching_up = getattr(self.draft, "kv_only_seconds", 0.0) if need_draft else 0.0  # (its last run's)
             self._account_proposing(batch_size, step_seconds,
                                     sum(r.num_drafts + 2 * r.num_alternatives for r in requests),
-                                    seconds - once - catching_up, exploring)
+                                    seconds - once, exploring)
         else:
             self._token_worth = 0.0  # (alone: its drafts are not the batch's account)
         return proposals
@@ -607,29 +619,40 @@ class SpeculationController:
         them cost (_account_proposing). step_seconds: plain decoding's step, attention included.
         Once every explore_every skipped steps it proposes anyway, so that the worth stays
         measured: as many as keep what an exploring step costs (measured: its proposing and the
-        rows it added) within EXPLORE_SHARE of the steps skipped, at most MAX_EXPLORE_INTERVAL.
+        rows it added) within EXPLORE_SHARE of the steps skipped, at most MAX_EXPLORE_INTERVAL;
+        sooner while the account is young: FIRST_EXPLORE_INTERVAL steps after it shuts, twice as
+        many after each exploring step that left it unpaid.
         Before, the fairness gate (gate_shut) took the least standing gain over all steps,
         skipped ones counting nothing: once shut it stayed shut, and at 8 code streams drafts the
         target took 70% of the time were never proposed; opened by gross gains instead, at 8 chat
         streams it proposed for 4% more tokens a step that cost 5% more time (proposing 0.8 ms,
         rows 0.4, of a 26 ms step)."""
         if self._proposing_paid >= self._proposing_cost:
+            self._explore_interval = FIRST_EXPLORE_INTERVAL
             return False
         if step_seconds <= 0:
             return False  # (nothing priced yet)
         exploring = self._explore_seconds if self._explore_seconds > 0 else self.proposing_seconds
         explore_every = min(MAX_EXPLORE_INTERVAL, max(2, math.ceil(exploring / (EXPLORE_SHARE * step_seconds))))
+        explore_every = min(explore_every, self._explore_interval)
         self._shut_steps += 1
-        return self._shut_steps < explore_every
+        if self._shut_steps < explore_every:
+            return True
+        self._explore_interval = min(2 * self._explore_interval, MAX_EXPLORE_INTERVAL)
+        return False
 
     def _account_proposing(self, batch_size: int, step_seconds: float, num_rows_added: int, seconds: float,
                            exploring: bool) -> None:
         """A step in a batch proposed: its cost is `seconds` of proposing and planning (the draft
-        model's run included, not what a request's first proposing or an EAGLE head's catch-up
-        cost once) and the rows it added to the step, by the step table; what its drafts gain,
-        each accepted token a plain step's seconds (step_seconds, attention included) over the
-        batch, is added as they are verified (record). exploring: the step explored (what that
-        costs prices exploring: _proposing_does_not_pay)."""
+        model's run included, its catch-up over the positions it skipped too; not a request's
+        first indexing of its prompt, paid once) and the rows it added to the step, by the step
+        table. Until 2026-12-06 an EAGLE head's catch-up was left out as paid once; but after the
+        steps the account skipped it is the price of proposing again, and side by side (8 streams,
+        rotated, 4 rounds) billing it made chat 0.997x of none against 0.984x (the account had
+        opened on chat drafts accepted 13-40% of the time), code 1.058x against 1.025x. What its
+        drafts gain, each accepted token a plain step's seconds (step_seconds, attention
+        included) over the batch, is added as they are verified (record). exploring: the step
+        explored (what that costs prices exploring: _proposing_does_not_pay)."""
         steps = self.cost.envelope(batch_size + num_rows_added)
         cost = seconds + steps[batch_size + num_rows_added - 1] - steps[batch_size - 1]
         self._proposing_cost = STANDING_DECAY * self._proposing_cost + cost
@@ -703,9 +726,12 @@ class SpeculationController:
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
               batch_size: int, step_seconds: float, alternatives: dict[str, list[float]],
-              standing: dict[str, float], probe_every: int, with_draft: bool = True) -> dict[str, tuple[str, int]]:
+              standing: dict[str, float], probe_every: int, with_draft: bool = True,
+              exploring: bool = False) -> dict[str, tuple[str, int]]:
         """(proposer, number of tokens) per request: see the module docstring. with_draft: the
-        draft model may draft."""
+        draft model may draft. exploring: a step the account's gate explores
+        (_proposing_does_not_pay): where the plan drafts nothing, the one first draft most
+        likely accepted is drafted all the same (_best_first_draft)."""
         contexts = {r.req_id: _context_len(r) for r in requests}
         options: list[list[Candidate]] = []
         for request in requests:
@@ -738,6 +764,8 @@ class SpeculationController:
             plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run,
                              standing=standing)
             plan = self._price_by_steps_seen(plan, options, batch_size, step_seconds, run, standing)
+        if exploring and not any(count for _, count in plan.values()):
+            plan.update(_best_first_draft(options))
         rooms = {r.req_id: r.num_drafts for r in requests}
         head_alone = batch_size == 1 and self._head_pays_alone(requests[0], step_seconds)
         chosen: dict[str, tuple[str, int]] = {}
@@ -970,6 +998,16 @@ class SpeculationController:
             self.suffix.finish(req_id, output_token_ids)
         if self.draft is not None:
             self.draft.finish(req_id, output_token_ids)
+
+
+def _best_first_draft(options: list[list[Candidate]]) -> dict[str, tuple[Candidate, int]]:
+    """{req_id: (its candidate, 1)} for the candidate whose first draft is the likeliest accepted
+    of all, or {} where none has a draft."""
+    candidates = [c for per_request in options for c in per_request if c.gains]
+    if not candidates:
+        return {}
+    best = max(candidates, key=lambda c: c.gains[0])
+    return {best.req_id: (best, 1)}
 
 
 def _one_unpriced_draft(chosen: dict[str, tuple[str, int]], requests: list[ProposalRequest],

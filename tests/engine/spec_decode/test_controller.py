@@ -7,7 +7,8 @@ import pytest
 
 import engine.spec_decode.controller as controller_module
 from engine.config import SpeculativeConfig
-from engine.spec_decode.controller import (MAX_PROBE_INTERVAL, POOLED_PRIOR, PROBE_EVERY, PROBE_SHARE, UNTRIED_DECAY,
+from engine.spec_decode.controller import (FIRST_EXPLORE_INTERVAL, MAX_EXPLORE_INTERVAL, MAX_PROBE_INTERVAL,
+                                           POOLED_PRIOR, PROBE_EVERY, PROBE_SHARE, UNTRIED_DECAY,
                                            Acceptance, SpeculationController)
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
@@ -255,6 +256,50 @@ def test_in_a_batch_a_swept_controller_proposes_while_drafts_gain_and_else_explo
     swept(spec)
     spec._proposing_cost = 1.0
     assert not spec._proposing_does_not_pay(0.0) and spec._proposing_does_not_pay(0.030)
+
+
+def test_in_a_batch_a_swept_controller_explores_sooner_while_its_account_is_young() -> None:
+    """Nothing gained, exploring priced dear (every MAX_EXPLORE_INTERVAL steps by its cost):
+    after the first step it explores FIRST_EXPLORE_INTERVAL steps after shutting, then after
+    twice as many each time, up to MAX_EXPLORE_INTERVAL; probe steps (every PROBE_EVERY) do not
+    open it."""
+    spec, _ = controller("suffix")
+    swept(spec)
+    spec._explore_seconds = 1.0  # an exploring step's measured cost: far past EXPLORE_SHARE
+    requests = [request(f"r{i}", REPEATING) for i in range(8)]
+    proposing: list[int] = []
+    propose = spec.suffix.propose
+
+    def counted(*args, **kwargs):
+        proposing.append(step)
+        return propose(*args, **kwargs)
+
+    spec.suffix.propose = counted
+    for step in range(100):
+        for req_id, proposal in spec.propose(requests, batch_size=8).items():
+            spec.record(req_id, len(proposal.token_ids), 0)
+    first = FIRST_EXPLORE_INTERVAL
+    assert (first, MAX_EXPLORE_INTERVAL) == (4, 32) and PROBE_EVERY == 16
+    assert proposing == [0, 4, 12, 28, 60, 92]
+    # Once its drafts pay, the interval starts over.
+    spec._proposing_paid = spec._proposing_cost + 1.0
+    assert not spec._proposing_does_not_pay(0.030) and spec._explore_interval == first
+
+
+def test_in_a_batch_an_exploring_step_the_plan_leaves_empty_drafts_its_likeliest_first_token() -> None:
+    """12 rows fill two of the sweep's 6-row passes, so the 13th row costs a third one (6 ms, for
+    a first draft worth at most a twelfth of a 32 ms step): the plan drafts nothing. An exploring
+    step drafts the likeliest first draft all the same, one token, so that it measures something."""
+    spec, _ = controller("suffix")
+    swept(spec)
+    requests = [request(f"r{i}", REPEATING) for i in range(12)]
+    suffix = {r.req_id: Proposal([5, 6], None, 0.4, [0.3 - 0.02 * i, 0.1]) for i, r in enumerate(requests)}
+    suffix["r0"] = Proposal([5, 6], None, 0.3, [0.2, 0.1])  # r1's first draft is the likeliest
+    step = spec._plain_step_seconds(float(len(REPEATING) + 3), 12)
+    args = (requests, suffix, 12, step, {}, {r.req_id: 0.0 for r in requests}, PROBE_EVERY)
+    assert all(count == 0 for _, count in spec._plan(*args).values())
+    explored = spec._plan(*args, exploring=True)
+    assert explored.pop("r1") == ("suffix", 1) and all(count == 0 for _, count in explored.values())
 
 
 def test_draft_model_length_follows_its_cost() -> None:
