@@ -463,13 +463,12 @@ class SpeculationController:
             # for one request at most (_one_unpriced_draft).
             for request in requests:
                 request.num_drafts = min(request.num_drafts, 1)
-        step_seconds, probe_step, probe_every, standing, exploring = 0.0, False, PROBE_EVERY, {}, False
+        step_seconds, probe_every, standing, exploring = 0.0, PROBE_EVERY, {}, False
         if self.config.adaptive:
             mean_context = _mean_context(requests)
             step_seconds = self._plain_step_seconds(mean_context, batch_size)
             self._planned_steps += 1
             probe_every = self._probe_every(len(requests), mean_context, step_seconds)
-            probe_step = self._planned_steps % probe_every == 0
             if batch_size >= 2 and self.cost.swept:
                 # (A probe step does not open it: exploring is this gate's probe.)
                 shut = not unpriced and self._proposing_does_not_pay(step_seconds)
@@ -479,16 +478,14 @@ class SpeculationController:
                 # suffix index, the vote, the plan: at 8 chat streams ~0.3-0.5 ms of a 29 ms step
                 # on this CPU, on the steps where the gate's budget bought about one token).
                 cheapest_plan = self.cost.token_seconds(0) + self.proposing_seconds
+                probe_step = self._planned_steps % probe_every == 0
                 shut = (not (unpriced or probe_step) and batch_size >= 2
                         and gate_shut(standing.values(), step_seconds, cheapest_plan))
             if shut:
                 self._skip_step(requests)
                 self.proposer_seconds += time.perf_counter() - started
                 return {request.req_id: Proposal([]) for request in requests}
-            # A step that explores (see _proposing_does_not_pay) leaves the draft model out: its
-            # run after skipped steps catches up on all of them (an EAGLE head at 8 chat streams:
-            # ~4 ms, a sixth of a step), to measure what is mostly measured alone anyway.
-            exploring = self._shut_steps > 0
+            exploring = self._shut_steps > 0  # (see _proposing_does_not_pay and _plan)
             self._shut_steps = 0
             if batch_size >= 2 and self.cost.swept:
                 standing = self._standing_gains(requests)
@@ -504,7 +501,7 @@ class SpeculationController:
         alternatives = {} if unpriced or exploring else self._alternatives_to_ask(requests, batch_size, step_seconds)
         if self.config.adaptive:
             chosen = self._plan(requests, suffix, batch_size, step_seconds, alternatives, standing, probe_every,
-                                with_draft=not exploring, exploring=exploring)
+                                exploring=exploring)
             if unpriced:
                 chosen = _one_unpriced_draft(chosen, requests)
         else:  # everything, always: suffix where it has a proposal, else the draft model
@@ -632,9 +629,9 @@ class SpeculationController:
             return False
         if step_seconds <= 0:
             return False  # (nothing priced yet)
-        exploring = self._explore_seconds if self._explore_seconds > 0 else self.proposing_seconds
-        explore_every = min(MAX_EXPLORE_INTERVAL, max(2, math.ceil(exploring / (EXPLORE_SHARE * step_seconds))))
-        explore_every = min(explore_every, self._explore_interval)
+        explore_cost = self._explore_seconds if self._explore_seconds > 0 else self.proposing_seconds
+        explore_every = min(MAX_EXPLORE_INTERVAL, self._explore_interval,
+                            max(2, math.ceil(explore_cost / (EXPLORE_SHARE * step_seconds))))
         self._shut_steps += 1
         if self._shut_steps < explore_every:
             return True
@@ -726,12 +723,13 @@ class SpeculationController:
 
     def _plan(self, requests: list[ProposalRequest], suffix: dict[str, Proposal],
               batch_size: int, step_seconds: float, alternatives: dict[str, list[float]],
-              standing: dict[str, float], probe_every: int, with_draft: bool = True,
-              exploring: bool = False) -> dict[str, tuple[str, int]]:
-        """(proposer, number of tokens) per request: see the module docstring. with_draft: the
-        draft model may draft. exploring: a step the account's gate explores
-        (_proposing_does_not_pay): where the plan drafts nothing, the one first draft most
-        likely accepted is drafted all the same (_best_first_draft)."""
+              standing: dict[str, float], probe_every: int, exploring: bool = False) -> dict[str, tuple[str, int]]:
+        """(proposer, number of tokens) per request: see the module docstring. exploring: a
+        step the account's gate explores (_proposing_does_not_pay). It leaves the draft model
+        out where another proposer has a proposal: the draft model's run after skipped steps
+        catches up on all of them (an EAGLE head at 8 chat streams: ~4 ms, a sixth of a step),
+        to measure what is mostly measured alone anyway. And where the plan drafts nothing, the
+        one first draft most likely accepted is drafted all the same (_best_first_draft)."""
         contexts = {r.req_id: _context_len(r) for r in requests}
         options: list[list[Candidate]] = []
         for request in requests:
@@ -747,7 +745,7 @@ class SpeculationController:
                     confidence = proposal.confidence[: request.num_drafts]
                     gains = [min(c, first * continued ** j) for j, c in enumerate(confidence)]
                 per_request.append(Candidate(request.req_id, gains, verify, source))
-            if self.draft is not None and (with_draft or not per_request):  # (its only proposer: "draft")
+            if self.draft is not None and (not exploring or not per_request):  # (its only proposer: "draft")
                 p = self.acceptance(request.req_id, "draft")
                 gains = [p ** j for j in range(1, min(request.num_drafts, self.draft_tokens) + 1)]
                 if gains:  # the runners-up ride on the first draft (first order: their net)
