@@ -86,6 +86,14 @@ def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
     return start, start + nbytes
 
 
+def collapsible_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes of the storages under tensors that collapse_into_huge_pages asks to collapse:
+    strided CPU storages of MIN_STORAGE_BYTES or more. Not oneDNN-packed weights (an opaque
+    layout: on AVX512 CPUs a float32 or bf16 model's linears hold theirs so, and only the rest,
+    the embedding mostly, is asked)."""
+    return sum(end - start for start, end in {r for r in map(_storage_range, tensors) if r is not None})
+
+
 def collapse_into_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
     """Backs the CPU storages under tensors with 2 MiB pages in place (contents and addresses
     unchanged). Returns how many of those storages' bytes now lie in huge pages the kernel
