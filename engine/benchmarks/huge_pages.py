@@ -1,6 +1,7 @@
 """2 MiB pages against the allocator's 4 KiB pages on the CPU, side by side in one run.
 
     python -m engine.benchmarks.huge_pages [--rounds 3] [--dtype auto] [--methods none,hybrid] [--write-docs]
+        [--docs-section NAME]
 
 Two engines per method, identical but for `huge_pages` (engine/worker/huge_pages.py): weights and
 KV caches in 2 MiB pages, or left as torch's allocator gave them. Each round every engine runs the
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workload", default="code", choices=["code", "chat", "agent"],
                         help="the speculative benchmark's prompts to run")
     parser.add_argument("--write-docs", action="store_true", help="replace this table's section of docs/benchmarks.md")
+    parser.add_argument("--docs-section", default="huge-pages-benchmark",
+                        help="the marked section of docs/benchmarks.md that --write-docs rewrites")
     args = parser.parse_args(argv)
     methods, tokens_per_second = run(args)
     text = table(methods, tokens_per_second)
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         machine = (f"{platform.machine()} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} CPU threads, "
                    f"torch {torch.__version__}, Linux {platform.release()}")
         command = "python -m engine.benchmarks.huge_pages " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_section("huge-pages-benchmark", (
+        write_section(args.docs_section, (
             "## 2 MiB pages for weights and KV caches (CPU)\n\n"
             f"Command: `{command.strip()}`\n\n"
             f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d %H:%M')}.\n\n"

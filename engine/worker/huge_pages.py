@@ -72,14 +72,21 @@ def collapse_supported() -> bool:
 
 
 def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
-    """[start, end) addresses of a CPU tensor's whole storage, or None (another device, opaque
-    layouts such as oneDNN-packed weights, storages too small to matter)."""
-    if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_mkldnn:
+    """[start, end) addresses of a CPU tensor's whole storage, or None (another device, other
+    layouts, storages too small to matter). A oneDNN-packed weight (the linears' execution form
+    where oneDNN computes them: AVX512 CPUs, float32 or bf16) is opaque to torch, but oneDNN
+    reports its buffer; packed at load one after another, they lie side by side in the heap."""
+    if tensor.device.type != "cpu":
         return None
     try:
-        storage = tensor.untyped_storage()
-        start, nbytes = storage.data_ptr(), storage.nbytes()
-    except (RuntimeError, NotImplementedError):
+        if tensor.is_mkldnn:
+            start, nbytes = torch.ops.mkldnn.data_ptr(tensor), torch.ops.mkldnn._nbytes(tensor)
+        elif tensor.layout != torch.strided:
+            return None
+        else:
+            storage = tensor.untyped_storage()
+            start, nbytes = storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, AttributeError):
         return None
     if start == 0 or nbytes < MIN_STORAGE_BYTES:
         return None
@@ -88,9 +95,7 @@ def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
 
 def collapsible_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """The bytes of the storages under tensors that collapse_into_huge_pages asks to collapse:
-    strided CPU storages of MIN_STORAGE_BYTES or more. Not oneDNN-packed weights (an opaque
-    layout: on AVX512 CPUs a float32 or bf16 model's linears hold theirs so, and only the rest,
-    the embedding mostly, is asked)."""
+    CPU storages (strided, or oneDNN-packed weights) of MIN_STORAGE_BYTES or more."""
     return sum(end - start for start, end in {r for r in map(_storage_range, tensors) if r is not None})
 
 

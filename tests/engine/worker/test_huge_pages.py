@@ -13,12 +13,14 @@ from engine.worker.huge_pages import (
     HUGE_PAGE_BYTES,
     collapse_into_huge_pages,
     collapse_supported,
+    collapsible_bytes,
     huge_page_bytes,
     huge_pages_available,
     module_tensors,
     zeros_in_huge_pages,
 )
 from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
+from kernels.onednn_linear import onednn_available, onednn_linear, prepack
 
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -47,6 +49,21 @@ def test_collapse_keeps_addresses_and_contents() -> None:
     # Everything but at most a partial page at each end, unless another mapping shares those.
     assert 12 * 2**20 - 2 * HUGE_PAGE_BYTES <= collapsed <= 12 * 2**20
     assert huge_page_bytes(weight) >= collapsed - 2 * HUGE_PAGE_BYTES
+
+
+@needs_collapse
+@pytest.mark.skipif(not onednn_available(), reason="needs oneDNN")
+def test_onednn_packed_weights_are_collapsed_in_place() -> None:
+    """A oneDNN-packed weight is opaque to torch; its buffer (oneDNN's) is collapsed all the same,
+    and the product over it is unchanged."""
+    weights = [torch.randn(3072, 576) for _ in range(4)]  # 7 MiB each in float32
+    packed = [prepack(w) for w in weights]
+    x = torch.randn(3, 576)
+    before = [onednn_linear(x, p) for p in packed]
+    assert collapsible_bytes(packed) == 4 * 3072 * 576 * 4
+    collapsed = collapse_into_huge_pages(packed)
+    assert collapsed >= 4 * (3072 * 576 * 4 - 2 * HUGE_PAGE_BYTES)
+    assert all(torch.equal(onednn_linear(x, p), b) for p, b in zip(packed, before))
 
 
 def test_small_and_foreign_storages_are_left_alone() -> None:
