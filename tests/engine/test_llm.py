@@ -164,8 +164,8 @@ def test_pages_change_no_token(llm: LLM, reference_outputs: list[list[int]]) -> 
     assert [o.token_ids for o in plain.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference_outputs
     if collapse_supported():
         # Nearly all of the weights' storages (MADV_COLLAPSE, Linux 6.1+), at least the 540 MB of
-        # float32 weights: in panels on an AVX2 CPU, packed by oneDNN on an AVX512 one (623 MB on
-        # an AMX Xeon, where the oneDNN-packed lm_head lies beside the embedding).
+        # float32 weights: in panels on an AVX2 CPU, packed by oneDNN on an AVX512 one (623 MiB on
+        # an AMX Xeon: the packed linears 405, the embedding 108 and the lm_head packed apart 108).
         collapsible = collapsible_bytes(module_tensors(llm.engine.runner.model))
         assert collapsible >= 500 * 2**20
         assert llm.engine.runner.huge_page_weight_bytes > 0.9 * collapsible
