@@ -95,10 +95,16 @@ def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
     return start, start + nbytes
 
 
+def _storage_ranges(tensors: Iterable[torch.Tensor]) -> set[tuple[int, int]]:
+    """The distinct storage ranges (_storage_range) under tensors: a storage seen through several
+    views counts once."""
+    return {r for r in map(_storage_range, tensors) if r is not None}
+
+
 def collapsible_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """The bytes of the storages under tensors that collapse_into_huge_pages asks to collapse:
     CPU storages (strided, or oneDNN-packed weights) of MIN_STORAGE_BYTES or more."""
-    return sum(end - start for start, end in {r for r in map(_storage_range, tensors) if r is not None})
+    return sum(end - start for start, end in _storage_ranges(tensors))
 
 
 def collapse_into_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
@@ -110,7 +116,7 @@ def collapse_into_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
         return 0
     # Each 2 MiB page that overlaps a storage -> the storages' bytes on it.
     overlap: dict[int, int] = {}
-    for start, end in {r for r in map(_storage_range, tensors) if r is not None}:
+    for start, end in _storage_ranges(tensors):
         for page in range(start - start % HUGE_PAGE_BYTES, end, HUGE_PAGE_BYTES):
             overlap[page] = overlap.get(page, 0) + min(end, page + HUGE_PAGE_BYTES) - max(start, page)
     collapsed = 0
