@@ -286,6 +286,47 @@ def test_fresh_blocks_forget_their_states_and_kv(setup) -> None:
     assert (proposer._state_tokens[BLOCK: 20] >= 0).all()
 
 
+def test_observed_states_are_copied_late_and_newest_last(setup) -> None:
+    """observe defers the copy into the state pool: a slot observed twice (a rejected draft's
+    row, then its verified token) ends with the newer state, a pass sees every pending state,
+    and drafts equal those of a proposer that copied each step at once."""
+    _, draft, ids, states = setup
+    length = 40
+    proposer, eager = _proposer(draft), _proposer(draft)
+    eager_observe = eager.observe
+
+    def observe_now(hidden, tokens, slots):
+        eager_observe(hidden, tokens, slots)
+        eager._store_pending()
+
+    eager.observe = observe_now
+    for p in (proposer, eager):
+        _observe(p, ids, states, 0, length - 1)
+        # A stale row at the newest position first (another state, another token), then the real one.
+        slot = position_slots(list(range(8)), BLOCK, length - 1, length)
+        p.observe(states[:1] * 3.0, np.asarray([ids[0] + 1], dtype=np.int64), slot)
+        _observe(p, ids, states, length - 1, length)
+    assert len(proposer._pending) == 3 and len(eager._pending) == 0
+    drafted = proposer.propose([_request(ids[:length], num_drafts=3)])["r"].token_ids
+    assert proposer._pending == []
+    assert torch.equal(proposer.states, eager.states)
+    assert torch.equal(proposer.states[slot[0]], states[length - 1])
+    assert drafted == eager.propose([_request(ids[:length], num_drafts=3)])["r"].token_ids
+
+
+def test_pending_states_are_copied_once_enough_rows_wait(setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.spec_decode.eagle as eagle
+
+    _, draft, ids, states = setup
+    monkeypatch.setattr(eagle, "PENDING_ROWS", 8)
+    proposer = _proposer(draft)
+    _observe(proposer, ids, states, 0, 5)
+    assert proposer._pending_rows == 5 and not proposer.states.any()
+    _observe(proposer, ids, states, 5, 9)
+    assert proposer._pending == [] and proposer._pending_rows == 0
+    assert torch.equal(proposer.states[position_slots(list(range(8)), BLOCK, 0, 9)], states[:9])
+
+
 def test_no_drafts_without_an_observed_state(setup) -> None:
     _, draft, ids, _ = setup
     proposer = _proposer(draft)
