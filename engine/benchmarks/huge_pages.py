@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> tuple[list[str], dict[tuple[str, bool, int]
         print(f"{method}, huge_pages={huge}: {llm.engine.runner.huge_page_weight_bytes / 2**20:.0f} MiB of "
               "weights in 2 MiB pages", flush=True)
     named = {f"{method}/{'2M' if huge else '4K'}": llm for (method, huge), llm in engines.items()}
-    prompts = workloads(next(iter(engines.values())))[args.workload]
+    prompts = workloads(next(iter(engines.values())))[args.workload][:STREAMS]  # one batch of 8 at once
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     tokens_per_second: dict[tuple[str, bool, int], list[float]] = {}
     for round_index in range(args.rounds):

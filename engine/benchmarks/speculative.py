@@ -8,7 +8,8 @@ every method must produce the very same tokens, which the script checks; in bf16
 - chat: short open questions;
 - agent: tool-loop turns: a system prompt with tools, earlier tool calls and their JSON results,
   and the model's next tool call or answer.
-Single-stream: one request at a time; 8 streams: 8 requests submitted together. One engine per
+Single-stream: one request at a time; 8 streams: 8 requests in flight, each stream sending its
+next prompt as soon as its last one finished (24 prompts per workload, 3 per stream). One engine per
 method, loaded once; every method runs the same group of requests at once, their engine steps
 interleaved (one step of each in turn) and each method's time the sum of its own steps, so this
 machine's drift (tens of percent within seconds) hits every method alike; each round starts every
@@ -73,6 +74,24 @@ CODE = [
     "Write a Python function that checks whether two strings are anagrams, ignoring case and spaces.",
     "Write a Python script that reads a CSV file given on the command line and prints each row as a dictionary.",
     "Write a Python function that reverses a string, then show two example calls.",
+    "Write a Python function that converts a hex color string such as '#ff8800' into an (r, g, b) tuple.",
+    f"Make this function skip lines that have no '=' instead of failing, and show the full code.\n\n{CODE_SNIPPET}",
+    "Write a Python function that returns the number of days between two dates given as 'YYYY-MM-DD' strings.",
+    "Write a Python function that masks all but the last four characters of a credit card number.",
+    f"Add a check to this function that raises FileNotFoundError with a clear message, and show the result."
+    f"\n\n{CODE_SNIPPET}",
+    "Write a Python class for a temperature sensor reading with a unit field and a method to compare two readings.",
+    "Write a Python function that truncates a string to a given width and adds '...' when it was cut.",
+    "Write a Python function that pads every line of a text block to the same width.",
+    f"Change this function so that it returns the keys in lower case, and show the whole function.\n\n{CODE_SNIPPET}",
+    "Write a Python function that checks whether a password has at least one digit, one upper case letter and "
+    "eight characters.",
+    "Write a Python function that builds a multiplication table as a list of lists.",
+    "Write a Python function that returns the initials of a person's name, like 'Ada Lovelace' -> 'A.L.'.",
+    f"Write unit tests with pytest for this function, using a temporary file.\n\n{CODE_SNIPPET}",
+    "Write a Python function that turns a list of (name, score) pairs into a ranking, ties sharing a place.",
+    "Write a Python function that counts how many times each HTTP status code appears in a list of log lines.",
+    "Write a Python function that interleaves two lists element by element, keeping the rest of the longer one.",
 ]
 
 CHAT = [
@@ -84,6 +103,22 @@ CHAT = [
     "Why is the sky blue?",
     "Suggest a name for a small bakery and explain why.",
     "What should I pack for a weekend hiking trip?",
+    "How do I keep a sourdough starter alive?",
+    "What is a good routine for a lazy Sunday morning?",
+    "Explain what an insurance deductible is in simple words.",
+    "Give me three ideas for a picnic lunch.",
+    "Why do cats purr?",
+    "How can I make a small bedroom feel bigger?",
+    "What are some good questions to ask a new neighbor?",
+    "Explain why bread goes stale.",
+    "What should I look for when buying a used bike?",
+    "Suggest a short poem topic for a child's birthday card.",
+    "Why do onions make people cry?",
+    "How do I politely decline an invitation?",
+    "What is the best way to clean a cast iron pan?",
+    "Give me three tips for a long car ride with kids.",
+    "Why do some birds fly south for the winter?",
+    "What makes a good name for a pet goldfish?",
 ]
 
 TOOLS = [
@@ -96,16 +131,27 @@ TOOLS = [
 ]
 
 
-def _agent_turns() -> list[list[dict]]:
-    """Agent conversations at their Nth tool-loop turn: earlier calls and results in the history."""
-    cities = ["Paris", "London", "Berlin", "Madrid", "Rome", "Vienna", "Lisbon", "Prague"]
+CITIES = ["Paris", "London", "Berlin", "Madrid", "Rome", "Vienna", "Lisbon", "Prague",
+          "Oslo", "Dublin", "Warsaw", "Athens", "Zurich", "Helsinki", "Brussels", "Budapest"]
+
+
+def _agent_turns(count: int = 24) -> list[list[dict]]:
+    """Agent conversations at their Nth tool-loop turn: earlier calls and results in the history.
+    Each asks about its own list of 3-6 cities, so no two are alike: until 2026-12-06 the 8
+    conversations were 4 distinct ones twice, and at one stream the second of a pair had its
+    whole answer drafted from the first's (the suffix index of recent outputs), a repeat that
+    agents' real turns do not offer."""
     system = ("You are an agent. To call a tool, answer with <tool_call>{\"name\": ..., \"arguments\": {...}}"
               "</tool_call>. Tools:\n" + "\n".join(json.dumps(t["function"]) for t in TOOLS))
     conversations = []
-    for i in range(8):
+    for i in range(count):
+        # Consecutive cities from a rotating start, then every third one: distinct lists for 24.
+        stride = 1 if i < len(CITIES) else 3
+        start = 5 * i % len(CITIES)
+        cities = [CITIES[(start + stride * j) % len(CITIES)] for j in range(i % 4 + 3)]
         messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": f"Check the air quality in {', '.join(cities[: i % 4 + 3])}, one call each."}]
-        for city in cities[: i % 4 + 2]:
+                    {"role": "user", "content": f"Check the air quality in {', '.join(cities)}, one call each."}]
+        for city in cities[:-1]:
             call = json.dumps({"name": "get_air_quality", "arguments": {"city": city}})
             messages.append({"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"})
             result = json.dumps({"city": city, "aqi": 20 + 3 * len(city), "level": "good"})
@@ -124,10 +170,6 @@ def workloads(llm: LLM) -> dict[str, list[list[int]]]:
         "chat": [render([{"role": "user", "content": c}]) for c in CHAT],
         "agent": [render(m) for m in _agent_turns()],
     }
-
-
-def _groups(prompts: list[list[int]], streams: int) -> list[list[list[int]]]:
-    return [prompts[first : first + streams] for first in range(0, len(prompts), streams)]
 
 
 def _load(method: str, args: argparse.Namespace) -> LLM:
@@ -154,54 +196,74 @@ def _load(method: str, args: argparse.Namespace) -> LLM:
 
 def _measure_round(engines: dict[str, LLM], prompts: list[list[int]], streams: int, params: SamplingParams,
                    rotation: int) -> dict[str, tuple[dict, list[list[int]]]]:
-    """One round of one workload at one stream count: every method runs every group of `streams`
-    prompts, and the methods' engine steps interleave, one step of each in turn (the first to go
-    rotates), each engine's time being the sum of its own steps. This machine's speed drifts by
-    tens of percent within seconds; a step is tens of milliseconds, so every method's steps see the
-    same machine, where taking turns group by group (seconds apart) left the per-round ratios of
-    two engines doing identical work spread over 0.81-1.10x at 8 streams. Each method starts the round as a fresh engine
-    would (empty prefix cache, speculation forgetting earlier rounds) and keeps, like a server,
-    what this round's earlier groups taught it."""
+    """One round of one workload at one stream count: `streams` streams, stream s sending prompts
+    s, s + streams, ... one after another, each as soon as its previous one finished (a fixed
+    concurrency, like vLLM's --max-concurrency): one prompt at a time at 1 stream, and all of them
+    at once when there are as many prompts as streams. Every method runs the same prompts, and
+    the methods' engine steps interleave, one step of each in turn (the first to go rotates),
+    each engine's time being the sum of its own steps (and of submitting its requests). This
+    machine's speed drifts by tens of percent within seconds; a step is tens of milliseconds, so
+    every method's steps see the same machine, where taking turns group by group (seconds apart)
+    left the per-round ratios of two engines doing identical work spread over 0.81-1.10x at 8
+    streams. Each method starts the round as a fresh engine would (empty prefix cache,
+    speculation forgetting earlier rounds) and keeps, like a server, what this round's earlier
+    requests taught it.
+
+    Until 2026-12-06 a batch was a group of `streams` prompts submitted together, the next group
+    once all had finished: a group lasted as long as its longest answer, so tokens that
+    speculation gained for its shorter answers bought no time (at 8 chat streams, 5 of 8 answers
+    ran to max_tokens), which measured how long a batch takes to drain rather than a stream's
+    throughput."""
     methods = list(engines)
     samples = {m: {"tokens": 0, "seconds": 0.0} for m in methods}
-    outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
+    outputs: dict[str, list[list[int]]] = {m: [[] for _ in prompts] for m in methods}
+    ids = [f"bench-{rotation}-{i}" for i in range(len(prompts))]
+    index_of = {request_id: i for i, request_id in enumerate(ids)}
+    queues = {m: [list(range(s, len(prompts), streams)) for s in range(streams)] for m in methods}
     before = {}
     for method, llm in engines.items():
         llm.reset_prefix_cache()
         llm.reset_speculation()
         before[method] = llm.stats()
-    for g, group in enumerate(_groups(prompts, streams)):
-        ids = [f"bench-{rotation}-{g}-{i}" for i in range(len(group))]
-        produced = {m: {request_id: [] for request_id in ids} for m in methods}
-        for method, llm in engines.items():
+
+    def submit(method: str, stream: int) -> None:
+        """The stream's next prompt, if it has one left."""
+        if not queues[method][stream]:
+            return
+        i = queues[method][stream].pop(0)
+        error = engines[method].engine.add_request(AddRequest(request_id=ids[i], prompt_token_ids=prompts[i],
+                                                              sampling_params=params, arrival_time=time.monotonic()))
+        if error is not None:
+            raise RuntimeError(f"{method} refused a benchmark prompt: {error.error}")
+
+    for method in methods:
+        started = time.perf_counter()
+        for stream in range(streams):
+            submit(method, stream)
+        samples[method]["seconds"] += time.perf_counter() - started
+    running = set(methods)
+    turn = rotation
+    while running:
+        shift = turn % len(methods)  # nobody always goes first
+        turn += 1
+        for method in methods[shift:] + methods[:shift]:
+            if method not in running:
+                continue
+            engine = engines[method].engine
             started = time.perf_counter()
-            for request_id, prompt in zip(ids, group):
-                error = llm.engine.add_request(AddRequest(request_id=request_id, prompt_token_ids=prompt,
-                                                          sampling_params=params, arrival_time=time.monotonic()))
-                if error is not None:
-                    raise RuntimeError(f"{method} refused a benchmark prompt: {error.error}")
+            deltas = engine.step()
+            for delta in deltas:
+                if delta.error is not None:
+                    raise RuntimeError(f"{method}: {delta.error}")
+                i = index_of[delta.request_id]
+                outputs[method][i] += delta.new_token_ids
+                if delta.finish_reason is not None:
+                    submit(method, i % streams)
             samples[method]["seconds"] += time.perf_counter() - started
-        running = set(methods)
-        turn = rotation + g
-        while running:
-            shift = turn % len(methods)  # nobody always goes first
-            turn += 1
-            for method in methods[shift:] + methods[:shift]:
-                if method not in running:
-                    continue
-                engine = engines[method].engine
-                started = time.perf_counter()
-                deltas = engine.step()
-                samples[method]["seconds"] += time.perf_counter() - started
-                for delta in deltas:
-                    if delta.error is not None:
-                        raise RuntimeError(f"{method}: {delta.error}")
-                    produced[method][delta.request_id] += delta.new_token_ids
-                if not engine.has_unfinished_requests():
-                    running.discard(method)
-        for method in methods:
-            samples[method]["tokens"] += sum(len(t) for t in produced[method].values())
-            outputs[method] += [produced[method][request_id] for request_id in ids]
+            if not engine.has_unfinished_requests():
+                running.discard(method)
+    for method in methods:
+        samples[method]["tokens"] = sum(len(tokens) for tokens in outputs[method])
     measured = {}
     for method, llm in engines.items():
         after, first = llm.stats(), before[method]
@@ -232,14 +294,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-suffix-tokens", type=int, default=16, help="suffix matching's cap")
     parser.add_argument("--streams", default="1,8")
     parser.add_argument("--workloads", default="code,chat,agent")
-    parser.add_argument("--num-prompts", type=int, default=8, help="prompts per workload")
+    parser.add_argument("--num-prompts", type=int, default=8, help="prompts per workload at one stream")
+    parser.add_argument("--batched-prompts", type=int, default=24,
+                        help="prompts per workload at more than one stream, shared out among the streams "
+                             "(with as many prompts as streams, all of them are submitted at once)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--kv-cache-memory", default="1GiB", help="KV budget of each method's engine")
     parser.add_argument("--rounds", type=int, default=3, help="single-stream rounds (medians over them)")
-    parser.add_argument("--batched-rounds", type=int, default=6,
-                        help="rounds at more than one stream (a round there is one or two groups of "
-                             "requests, so it takes more of them to steady a median; with the control, "
-                             "6 runs each method once on each of the 6 engines)")
+    parser.add_argument("--batched-rounds", type=int, default=5,
+                        help="rounds at more than one stream (with the control and all four methods, 5 runs "
+                             "each method once on each of the 5 engines)")
     parser.add_argument("--no-control", action="store_true",
                         help=f"skip the control ('{CONTROL}': a second engine without speculation, whose "
                              f"speedup over 'none' shows the run's noise floor)")
@@ -290,9 +354,9 @@ def main(argv: list[str] | None = None) -> None:
     rotation = 0
     for round_index in range(max(args.rounds, args.batched_rounds)):
         for cell, (name, streams) in enumerate((n, st) for n in names for st in stream_counts):
-            prompts = prompts_by_workload[name][: args.num_prompts]
             if round_index >= (args.rounds if streams == 1 else args.batched_rounds):
                 continue
+            prompts = prompts_by_workload[name][: args.num_prompts if streams == 1 else args.batched_prompts]
             if rotate:  # each round, every method on the next engine
                 shift = round_index + cell
                 engines = {method: instances[(k + shift) % len(instances)] for k, method in enumerate(methods)}
@@ -325,9 +389,8 @@ def main(argv: list[str] | None = None) -> None:
                 # Round by round (each round's methods ran side by side, their steps interleaved):
                 # the speedup is the median of these paired ratios, not a ratio of medians.
                 ratios = [(r["tokens"] / r["seconds"]) / (b["tokens"] / b["seconds"]) for r, b in zip(runs, base)]
-                # The same requests' wall-clock: none's seconds over the method's. A group runs until
-                # its longest output, which max_tokens mostly caps, so at 8 streams this does not
-                # move when a shorter output's length diverges (bf16) as tokens/s does.
+                # The same requests' wall-clock: none's seconds over the method's (in bf16 an output
+                # whose length diverged from none's also changed the work: tokens/s prices it).
                 wall = [b["seconds"] / r["seconds"] for r, b in zip(runs, base)]
                 drafted = sum(s["drafted"] for s in runs)
                 accepted = sum(s["accepted"] for s in runs)
@@ -346,9 +409,10 @@ def main(argv: list[str] | None = None) -> None:
                      "every round, so each method's rounds ran on different engines)" if rotate else "")
     header = (f"Greedy, max_tokens={args.max_tokens}, num_speculative_tokens={args.num_speculative_tokens} "
               f"(draft model), num_suffix_tokens={args.num_suffix_tokens} (suffix), "
-              f"adaptive, {args.num_prompts} prompts per workload, {EMBEDDED_MODEL_NAME} in {dtype}; one engine "
-              f"per method{rotation_note}, every method running the same group at once (a group: one prompt at 1 stream, all the "
-              f"streams' prompts submitted together otherwise), the engines' steps interleaved one by one and "
+              f"adaptive, {args.num_prompts} prompts per workload at 1 stream and {args.batched_prompts} at more, "
+              f"{EMBEDDED_MODEL_NAME} in {dtype}; one engine per method{rotation_note}, every method running the "
+              f"same prompts at once, each stream sending its next prompt as soon as its last one finished (a fixed "
+              f"concurrency), the engines' steps interleaved one by one and "
               f"each method's seconds the sum of its own steps; tokens/s: the median over {args.rounds} rounds at 1 "
               f"stream and {args.batched_rounds} at more; speedup: the median of the per-round ratios to none, "
               f"with their range; wall-clock speedup: the median of none's seconds over the method's for the "
@@ -375,11 +439,10 @@ def _write_docs(header: str, table: str, argv: list[str] | None, section: str, d
     else:
         note = ("Outputs that differ from 'none' in bf16 are rounding, not lost exactness: a verification "
                 "forward over k + 1 tokens rounds differently from k + 1 one-token forwards, and a near-tie "
-                "flips the argmax; in float32 the outputs are identical (tests/engine/spec_decode). At 8 "
-                "streams this moves the tokens/s ratios both ways (by up to 5% here): a group runs until its "
-                "longest output, so an output that diverges into an earlier end lowers the tokens without "
-                "shortening the group, and one that runs longer does the opposite; the wall-clock speedup, "
-                "the time to finish the same requests, is the steadier measure there.")
+                "flips the argmax; in float32 the outputs are identical (tests/engine/spec_decode). An output "
+                "that diverged may end sooner or later than none's, so the method did other work for those "
+                "requests: tokens/s counts what it produced in its time, while the wall-clock speedup, the "
+                "time to finish the same requests, counts it as the same work.")
     write_section(section,
                   f"## Speculative decoding: none, draft, suffix, hybrid ({dtype})\n\nCommand: `{command.strip()}`\n\n"
                   f"Machine: {machine}. Measured {time.strftime('%Y-%m-%d')}.\n\n{header}\n\n{table}\n\n{note}")

@@ -14,7 +14,7 @@ def test_speculative_benchmark_dry_run(capsys: pytest.CaptureFixture[str], monke
     switch = LLM.set_speculative_method
     monkeypatch.setattr(LLM, "set_speculative_method",
                         lambda self, method: switches.append((id(self), method)) or switch(self, method))
-    main(["--methods", "none,suffix", "--max-tokens", "8", "--num-prompts", "2", "--streams", "1,2", "--rounds", "1", "--batched-rounds", "2",
+    main(["--methods", "none,suffix", "--max-tokens", "8", "--num-prompts", "2", "--batched-prompts", "3", "--streams", "1,2", "--rounds", "1", "--batched-rounds", "2",
           "--dtype", "float32"])
     # Plain methods: the engines take turns, so each method ran on more than one engine (and,
     # in float32, every switched engine's outputs equalled none's: the run checks it).
@@ -50,6 +50,45 @@ def test_interleaved_round_matches_generate() -> None:
         assert sample["tokens"] == sum(len(t) for t in expected)
         assert sample["seconds"] > 0
         assert not engines[method].engine.has_unfinished_requests()
+
+
+def test_a_round_keeps_each_stream_busy() -> None:
+    """Streams are a fixed concurrency: stream s sends prompts s, s + streams, ..., each as soon as
+    its previous one finished, so the engine holds min(streams, prompts left) requests until the
+    prompts run out, and never more."""
+    from engine.benchmarks.speculative import _measure_round
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    llm = LLM(dtype="float32", kv_cache_memory="64MiB")
+    engine = llm.engine
+    prompts = [[1, 9690, 198, 2683, 314, 253], [1, 4093, 198, 504, 32], [1, 2, 3, 4, 5], [1, 7, 8],
+               [1, 30, 31, 32]]
+    # Different lengths, so the streams' requests end on different steps.
+    lengths = [3, 9, 4, 6, 2]
+    in_flight: list[int] = []
+    submitted: list[list[int]] = []
+    add, step = engine.add_request, engine.step
+
+    def add_request(request):
+        submitted.append(request.prompt_token_ids)
+        length = lengths[prompts.index(request.prompt_token_ids)]
+        request.sampling_params = SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True)
+        return add(request)
+
+    def counted_step():
+        in_flight.append(len(engine.scheduler.requests))
+        return step()
+
+    engine.add_request, engine.step = add_request, counted_step
+    measured = _measure_round({"none": llm}, prompts, 2, SamplingParams(temperature=0.0, max_tokens=1), rotation=0)
+    sample, outputs = measured["none"]
+    assert [len(tokens) for tokens in outputs] == lengths
+    assert sample["tokens"] == sum(lengths)
+    # Stream 0: prompts 0, 2, 4 (3 + 4 + 2 steps); stream 1: 1, 3 (9 + 6): two in flight for 9
+    # steps, then stream 0 is done and stream 1 runs alone to its 15th step.
+    assert in_flight == [2] * 9 + [1] * 6
+    assert submitted == [prompts[0], prompts[1], prompts[2], prompts[4], prompts[3]]
 
 
 def test_a_method_can_carry_its_own_cap() -> None:

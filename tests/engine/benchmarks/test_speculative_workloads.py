@@ -27,3 +27,14 @@ def test_benchmark_prompts_avoid_the_drafts_training_prompts() -> None:
         assert not [t for t in trained_topics if t.lower().removeprefix("the ").rstrip("s") in lowered], prompt
     trained_tools = {tool for tool, _, _ in P.TOOL_TASKS}
     assert not trained_tools & {t["function"]["name"] for t in TOOLS}
+
+
+def test_every_workload_has_24_distinct_prompts() -> None:
+    """No prompt repeats within a workload: a repeated one's answer would be drafted whole from
+    the first one's (the suffix index of recent outputs), a speedup no real traffic offers."""
+    import json
+
+    from engine.benchmarks.speculative import _agent_turns
+
+    for prompts in (CODE, CHAT, [json.dumps(messages) for messages in _agent_turns()]):
+        assert len(prompts) == len(set(prompts)) == 24
