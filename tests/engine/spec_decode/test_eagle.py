@@ -226,6 +226,31 @@ def test_kv_only_passes_write_what_full_passes_write(setup, monkeypatch: pytest.
     torch.testing.assert_close(out_split, out_whole, atol=2e-5, rtol=2e-5)
 
 
+def test_a_kv_only_pass_pads_its_rows_into_the_spare_block(setup) -> None:
+    """On a CPU a KV-only pass runs a multiple of the block size rows (oneDNN builds kernels per
+    row count): the padding rows store only in the block past the target's, and the real rows'
+    KV is what a pass without padding writes."""
+    _, draft, ids, states = setup
+    proposer = _proposer(draft)
+    _observe(proposer, ids[:20], states[:20], 0, 20)
+    rows = []
+    inner = proposer._forward
+
+    def recording(input_ids, *args, **kwargs):
+        rows.append((len(input_ids), kwargs.get("kv_only", False)))
+        return inner(input_ids, *args, **kwargs)
+
+    proposer._forward = recording
+    proposer._catch_up([_request(ids[:20])])  # positions 0..17 KV-only, 18 in the full pass
+    assert rows == [(BLOCK * 2, True), (1, False)]
+    cache = proposer.kv_caches[0]  # [2, 8 blocks + the spare one, kv heads, BLOCK, head_dim]
+    assert cache.shape[1] == 9
+    assert not cache[:, 2:8].any()  # nothing past the request's positions
+    assert not cache[:, 1, :, 19 - BLOCK:].any()
+    assert cache[:, 8, :, : 2 * BLOCK - 18].abs().amax(dim=-1).gt(0).all()  # 14 padding rows
+    assert not cache[:, 8, :, 2 * BLOCK - 18:].any()
+
+
 @pytest.mark.parametrize("drafted", [False, True])
 def test_a_prefix_hit_catches_up_from_a_finished_requests_states(setup, drafted: bool) -> None:
     head, draft, ids, states = setup
