@@ -18,9 +18,8 @@ and the upkeep of a one-stream step went from 0.16-0.18 ms to 0.09 (at 8 streams
 ms, the copy itself). Since 2026-12-06 that copy waits too: the step's states are kept by
 reference and copied when the head next reads them (observe), one copy for all the steps
 between: at 8 chat streams on an AMX Xeon, 0.027 ms a step against 0.092 copying at once (both
-ways on the same 1,024 steps, the copies included). The head's KV is
-filled lazily
-from them, like a draft model's (draft_model.py): only when a request drafts does the head run,
+ways on the same 1,024 steps, the copies included). The head's KV is filled lazily from them,
+like a draft model's (draft_model.py): only when a request drafts does the head run,
 first over the positions it has no KV for (its catch-up, in the same pass as the first draft).
 A request the plan does not draft for costs the head nothing but that copy; at 8 streams on a
 CPU, where the head's drafts rarely pay, writing every position's KV as it came cost ~1% of the
@@ -299,7 +298,9 @@ class EagleProposer:
             # first (1-1.7 ms per weight shape on an AMX Xeon, bf16: a pass over 43 rows took
             # 3.0 ms, then 1.1-1.2 once built), and a catch-up's count is whatever the head
             # skipped. Padded to a multiple of the block size, the counts are few and their
-            # kernels built once; the padding rows store their keys in the spare block.
+            # kernels built once; the padding rows store their keys in the spare block. (Here and
+            # not in the shared oneDNN product: padding every product's rows past 32 made the
+            # target's prefill 5.4% dearer once its lengths had been seen, docs/benchmarks.md.)
             tokens_in = np.concatenate([tokens, np.zeros(padding, dtype=np.int64)])
             positions = np.concatenate([positions, np.zeros(padding, dtype=np.int64)])
             states = torch.cat([states, states.new_zeros(padding, states.shape[1])])

@@ -14,7 +14,8 @@ def test_speculative_benchmark_dry_run(capsys: pytest.CaptureFixture[str], monke
     switch = LLM.set_speculative_method
     monkeypatch.setattr(LLM, "set_speculative_method",
                         lambda self, method: switches.append((id(self), method)) or switch(self, method))
-    main(["--methods", "none,suffix", "--max-tokens", "8", "--num-prompts", "2", "--batched-prompts", "3", "--streams", "1,2", "--rounds", "1", "--batched-rounds", "2",
+    main(["--methods", "none,suffix", "--max-tokens", "8", "--num-prompts", "2", "--batched-prompts", "3",
+          "--streams", "1,2", "--rounds", "1", "--batched-rounds", "2",
           "--dtype", "float32"])
     # Plain methods: the engines take turns, so each method ran on more than one engine (and,
     # in float32, every switched engine's outputs equalled none's: the run checks it).
