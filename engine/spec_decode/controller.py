@@ -38,12 +38,14 @@ measurements and drafts only the tokens that pay (the arithmetic is in policy.py
   rejections could keep it low, and so untried, for good.
 - Decision: a token is drafted while its gain pays its cost at plain decoding's tokens per second,
   the draft model runs to the depth that makes the most tokens per second (or not at all), and
-  what the others' drafts add to a request's step must be paid by its standing gain (they delay
-  it too): the drafted tokens the target accepted for it per step over its recent steps (those
-  without drafts count 0), with a fading prior at the rate pooled over all requests (policy.py's
-  fairness gate). Steps on which the gate lets nothing through skip proposing and planning; a
-  plan's least cost being one verified token plus proposing and planning it (measured per step:
-  proposing_seconds), a budget that buys a token but not the work of finding it is shut too.
+  what the drafts add to a request's step (they delay it too) must be paid by what its own drafts
+  in it are expected to gain it (at most what they gained per verification lately) and its
+  standing gain: the drafted tokens the target accepted for it per step over its recent steps
+  (those without drafts count 0), with a fading prior at the rate pooled over all requests
+  (policy.py's fairness gate). Steps on which the standing gains alone buy no drafted token skip
+  proposing and planning but on probe steps; a plan's least cost being one verified token plus
+  proposing and planning it (measured per step: proposing_seconds), a budget that buys a token
+  but not the work of finding it is shut too.
   With a swept step, a batch proposes while what its accepted drafts were worth (a token: a plain
   step over the batch) has paid what proposing them cost (proposing and planning, and the rows
   they added), over the steps that proposed; else it skips proposing and explores once every
@@ -439,6 +441,14 @@ class SpeculationController:
         return (_shrunk(own.first_accepted, own.first_trials, pooled.first_p),
                 _shrunk(own.continued_accepted, own.continued_trials, pooled.continued_p))
 
+    def _realized(self, req_id: str, method: str) -> float | None:
+        """Tokens the method's drafts for the request gained per verification over its recent
+        ones (decaying like its rates), or None before any was verified (Candidate.realized)."""
+        estimate = self._acceptance.get((req_id, method))
+        if estimate is None or estimate.first_trials <= 0:
+            return None
+        return estimate.accepted / estimate.first_trials
+
     def _estimate(self, req_id: str, method: str) -> Acceptance:
         estimate = self._acceptance.get((req_id, method))
         if estimate is None:
@@ -744,13 +754,15 @@ class SpeculationController:
                     first, continued = self.rates(request.req_id, source)
                     confidence = proposal.confidence[: request.num_drafts]
                     gains = [min(c, first * continued ** j) for j, c in enumerate(confidence)]
-                per_request.append(Candidate(request.req_id, gains, verify, source))
+                per_request.append(Candidate(request.req_id, gains, verify, source,
+                                             self._realized(request.req_id, source)))
             if self.draft is not None and (not exploring or not per_request):  # (its only proposer: "draft")
                 p = self.acceptance(request.req_id, "draft")
                 gains = [p ** j for j in range(1, min(request.num_drafts, self.draft_tokens) + 1)]
                 if gains:  # the runners-up ride on the first draft (first order: their net)
                     gains[0] += sum(alternatives.get(request.req_id, ()))
-                per_request.append(Candidate(request.req_id, gains, verify + self.draft_cost.per_token, "draft"))
+                per_request.append(Candidate(request.req_id, gains, verify + self.draft_cost.per_token, "draft",
+                                             self._realized(request.req_id, "draft")))
             options.append(per_request)
         run = DraftRun(self.draft_cost.fixed, self.draft_cost.per_depth)
         plan = None
@@ -821,12 +833,12 @@ class SpeculationController:
         row), among the fair ones. For each depth the draft model could run to (0: not at all),
         each request takes the candidate that gains more within it; their tokens are taken best
         first (gains never increase along a candidate, so each request's are a prefix), and the
-        best count of them wins. Fair: what the others' tokens add to a request's step (the
-        step's extra seconds, less its own tokens' share of them) is paid by its standing gain
-        and the tolerance (policy.py's fairness gate). Priced by the slope instead, a step's rows
-        past the batch all cost a row's average: at 8 streams on an AVX2 EPYC (float32) the 4
-        rows after 8 cost 1.2 ms for all of them, 4% of the step, where the slope priced each
-        at about 1.4 ms and the gate let none through."""
+        best count of them wins. Fair: the step's extra seconds are paid, for every request, by
+        what its own tokens in the plan are expected to gain it (Candidate.own_gain), its
+        standing gain and the tolerance (policy.py's fairness gate). Priced by the slope instead,
+        a step's rows past the batch all cost a row's average: at 8 streams on an AVX2 EPYC
+        (float32) the 4 rows after 8 cost 1.2 ms for all of them, 4% of the step, where the
+        slope priced each at about 1.4 ms and the gate let none through."""
         batch_size = len(options)
         attention = [self.cost.c * (context + 1) for context in contexts]  # per row of each request
         longest = sum(max((len(c.gains) for c in per_request), default=0) for per_request in options)
@@ -873,7 +885,8 @@ class SpeculationController:
                 if rate <= best_rate * (1 + 1e-12):
                     continue
                 extra = (seconds - plain) * (1 - 1e-9)  # (rounding)
-                if all(extra * (added - count) <= budget * added for count, budget in zip(counts, budgets)):
+                if all(extra <= budget + plain * (pick[0].own_gain(count) if pick is not None else 0.0)
+                       for pick, count, budget in zip(picks, counts, budgets)):
                     best_rate, improved_at = rate, depth
                     best = {candidate.req_id: (picks[k][0], counts[k]) if counts[k] else (candidate, 0)
                             for k, candidate in enumerate(idle)}

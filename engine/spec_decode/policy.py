@@ -20,16 +20,23 @@ Pure arithmetic, no state (the controller keeps the estimates; tests pin the dec
   benchmark group) gets slower when drafts finish the predictable requests early while the
   unpredictable one, which sets the pace, pays for them every step. A request is not slowed while
   the extra seconds it waits are paid by what it gains over its steps: sum(extra) <=
-  step_seconds * sum(its gains). So what the other requests' drafts add to a request's step must
-  fit in step_seconds * (its standing gain + tolerance), its standing gain being what its drafts
-  gain it per step (measured by the controller; its own tokens are its own bet, priced at
-  break-even, so a request alone is never gated); a plan that does not fit is trimmed to the
-  tokens that fit in the least standing gain's budget, for all (a draft model's run costs
-  included). The gate used to take this step's expected gains instead (the least gaining request
-  paid for the whole step): too strict where every request's text repeats now and then: code at
-  8 streams, where some request has nothing to draft at nearly every step, held suffix drafting
-  to 0.95-0.97x of none, where drafting every proposal made 1.17x and standing gains 1.14x (bf16,
-  this machine).
+  step_seconds * sum(its gains). So a step's extra seconds must fit in step_seconds * (what the
+  request's own drafts in it are expected to gain it + its standing gain + tolerance), its
+  standing gain being what its drafts gained it per step lately (measured by the controller); a
+  plan that does not fit is trimmed to the tokens that fit in the least standing gain's budget,
+  for all (a draft model's run costs included). The expected gain of its own drafts counts at
+  most what they realized per verification lately (Candidate.own_gain): the expectation leans on
+  the rate pooled over all requests, which a request whose drafts are all rejected does not
+  move much.
+  History: the gate first took this step's expected gains alone (the least gaining request paid
+  for the whole step): too strict where every request's text repeats now and then: code at 8
+  streams, where some request has nothing to draft at nearly every step, held suffix drafting to
+  0.95-0.97x of none, where drafting every proposal made 1.17x and standing gains 1.14x (bf16,
+  this machine). Then standing gains alone paid for the others' tokens (a request's own priced
+  at break-even): a batch with no standing gains yet could not draft at all until probes had
+  raised them, and at 8 agent-turn streams (short answers, ~35 tokens) the draft model alone
+  started in some rounds (57-61 steps for 24 turns) and never in others (107 steps, as many as
+  without drafts, its exploring costs making it 0.97-0.98x of none).
 """
 
 from __future__ import annotations
@@ -48,6 +55,17 @@ class Candidate:
     gains: list[float]  # expected accepted tokens added by each successive draft, non-increasing
     token_seconds: float  # what one more drafted token adds to the step (verification + proposing)
     method: str = "suffix"  # "draft": its tokens also share the draft model's run (DraftRun)
+    # Tokens its proposer's drafts for this request gained per verification lately (None: none
+    # verified yet): the fairness gate counts the request's own expected gain up to it (own_gain).
+    realized: float | None = None
+
+    def own_gain(self, count: int) -> float:
+        """What the fairness gate counts for the request's own first `count` drafts: their
+        expected gain, at most what its drafts realized lately. The expected gain leans on the
+        rate pooled over all requests (PRIOR_TRIALS), so a request whose drafts are all rejected
+        among requests whose drafts pass would go on expecting about 0.6 a draft."""
+        gained = sum(self.gains[:count])
+        return gained if self.realized is None else min(gained, self.realized)
 
 
 @dataclass
@@ -71,12 +89,13 @@ def break_even_gain(step_seconds: float, batch_size: int, token_seconds: float) 
 
 def gate_shut(standing: Iterable[float], step_seconds: float, cheapest_plan_seconds: float,
               tolerance: float = TOLERANCE) -> bool:
-    """Whether the fairness gate lets no drafted token through, whatever is proposed: the least
-    standing gain (with the tolerance) pays less than the cheapest plan (one verified token, and
-    the controller's proposing and planning of it), so any plan in which another request drafts
-    is trimmed to nothing (plan_step) or costs more to find than the budget. The one plan missed
-    is the least standing request drafting alone, which the others' standing might pay for: rare,
-    and missing it only drafts less. Alone (fewer than two standing gains), never shut."""
+    """Whether the standing gains alone buy no drafted token: the least (with the tolerance) pays
+    less than the cheapest plan (one verified token, and the controller's proposing and planning
+    of it), so any plan in which that request waits for another's drafts without drafting itself
+    is trimmed to nothing (plan_step) or costs more to find than the budget. Plans it misses:
+    that request drafting alone, which the others' standing might pay for, and every request
+    drafting, each paying with its own expected gain (_fair); the controller's probe steps plan
+    anyway, and find the second. Alone (fewer than two standing gains), never shut."""
     values = list(standing)
     return len(values) >= 2 and step_seconds * (min(values) + tolerance) < cheapest_plan_seconds
 
@@ -126,7 +145,7 @@ def plan_step(options: list[list[Candidate]], *, step_seconds: float, batch_size
             best_plan = plan
             continue
         extra, gained = _price(plan, run)
-        if not _fair(plan, run, extra, step_seconds, tolerance, standing):
+        if not _fair(plan, extra, step_seconds, tolerance, standing):
             # One budget for all, the least standing gain's (a request's own drafts count
             # against it too here: simpler than the exact check, and never unfair).
             floor = min((standing.get(o.candidate.req_id, 0.0) for o, _ in plan), default=0.0)
@@ -159,18 +178,16 @@ def _price(plan: list[tuple[_Option, int]], run: DraftRun) -> tuple[float, float
     return extra, sum(o.gained[count] for o, count in plan)
 
 
-def _fair(plan: list[tuple[_Option, int]], run: DraftRun, extra: float, step_seconds: float,
+def _fair(plan: list[tuple[_Option, int]], extra: float, step_seconds: float,
           tolerance: float, standing: Mapping[str, float]) -> bool:
-    """Whether every request's standing gain pays for what the others' drafts add to its step:
-    extra less its own tokens (and the draft model's run, when it drafts too: the run is then its
-    own as well) <= step_seconds * (standing + tolerance). Its own tokens are its own bet, priced
-    at break-even; so a request alone is never gated."""
-    run_seconds = _run_seconds(plan, run)
+    """Whether no request is expected to be slowed: the step's extra seconds <= step_seconds *
+    (what its own drafts this step are expected to gain it, Candidate.own_gain, + its standing
+    gain + tolerance); a request that makes 1 + g tokens in step_seconds + extra is not slower
+    than plain decoding while extra <= g * step_seconds. (A request alone, its own tokens priced
+    at break-even, is never gated.)"""
     for o, count in plan:
-        others = extra - count * o.candidate.token_seconds
-        if count and o.candidate.method == "draft":
-            others -= run_seconds
-        if others > step_seconds * (standing.get(o.candidate.req_id, 0.0) + tolerance) * (1 + 1e-9):
+        own = o.candidate.own_gain(count)
+        if extra > step_seconds * (own + standing.get(o.candidate.req_id, 0.0) + tolerance) * (1 + 1e-9):
             return False
     return True
 

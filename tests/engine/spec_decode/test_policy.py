@@ -88,6 +88,19 @@ def test_a_weak_request_holds_the_batch_to_what_it_gains() -> None:
     assert sum(plan_drafts(batch, step_seconds=0.040, batch_size=8, standing={**standing, "weak": 0.0}).values()) == 0
 
 
+def test_a_request_pays_its_wait_with_what_its_own_drafts_gain_it() -> None:
+    # A fresh batch, no standing gains yet: each of 8 confident requests drafts 4 (32 ms more of a
+    # 40 ms step) and expects 3.1 tokens for them, worth 124 ms of plain decoding.
+    batch = [Candidate(f"r{i}", geometric(0.9), 0.001) for i in range(8)]
+    assert plan_drafts(batch, step_seconds=0.040, batch_size=8, standing={}) == {f"r{i}": 4 for i in range(8)}
+    # Its own gain counts at most what its drafts realized lately: one whose drafts were all
+    # rejected pays nothing with its expectation, and the tolerance buys no 1 ms token.
+    rejected = batch[:7] + [Candidate("r7", geometric(0.9), 0.001, realized=0.0)]
+    assert sum(plan_drafts(rejected, step_seconds=0.040, batch_size=8, standing={}).values()) == 0
+    realized = batch[:7] + [Candidate("r7", geometric(0.9), 0.001, realized=2.0)]  # 80 ms
+    assert plan_drafts(realized, step_seconds=0.040, batch_size=8, standing={}) == {f"r{i}": 4 for i in range(8)}
+
+
 def test_cost_model_fits_a_line_and_keeps_it_without_spread() -> None:
     cost = StepCostModel()
     assert cost.step_seconds(8) == 0.0 and not cost.fitted
