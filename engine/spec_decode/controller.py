@@ -443,7 +443,8 @@ class SpeculationController:
 
     def _realized(self, req_id: str, method: str) -> float | None:
         """Tokens the method's drafts for the request gained per verification over its recent
-        ones (decaying like its rates), or None before any was verified (Candidate.realized)."""
+        ones (decaying like its rates), or None before any was verified, and for sources priced by
+        their votes, which keep no rates (Candidate.realized)."""
         estimate = self._acceptance.get((req_id, method))
         if estimate is None or estimate.first_trials <= 0:
             return None

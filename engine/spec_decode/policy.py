@@ -183,8 +183,10 @@ def _fair(plan: list[tuple[_Option, int]], extra: float, step_seconds: float,
     """Whether no request is expected to be slowed: the step's extra seconds <= step_seconds *
     (what its own drafts this step are expected to gain it, Candidate.own_gain, + its standing
     gain + tolerance); a request that makes 1 + g tokens in step_seconds + extra is not slower
-    than plain decoding while extra <= g * step_seconds. (A request alone, its own tokens priced
-    at break-even, is never gated.)"""
+    than plain decoding while extra <= g * step_seconds. A request alone is never gated: no one
+    else waits, and its plan is the one with the most tokens per second."""
+    if len(plan) < 2:
+        return True
     for o, count in plan:
         own = o.candidate.own_gain(count)
         if extra > step_seconds * (own + standing.get(o.candidate.req_id, 0.0) + tolerance) * (1 + 1e-9):

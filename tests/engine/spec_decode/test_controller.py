@@ -240,7 +240,8 @@ def test_in_a_batch_a_request_that_drafts_pays_its_wait_with_its_own_expected_ga
     # request waits 28 ms more for its 1.8 expected tokens (61 ms of plain decoding).
     plan = spec._plan_batch(options, [10] * 8, {}, DraftRun(0.0, 0.0))
     assert {req_id: count for req_id, (_, count) in plan.items()} == {f"r{i}": 2 for i in range(8)}
-    # A request's own gain pays only its own wait: one gaining 0.05 a draft waits for nobody's.
+    # One request's only draft gains 0.05: it pays 1.7 ms at most, and comes last (tokens are
+    # taken best first), after the others' rows; before it, the tolerance's 0.7 ms buys no row.
     options[7] = [Candidate("r7", [0.05], token_seconds=spec.cost.b)]
     plan = spec._plan_batch(options, [10] * 8, {}, DraftRun(0.0, 0.0))
     assert sum(count for _, count in plan.values()) == 0

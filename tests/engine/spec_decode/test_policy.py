@@ -99,6 +99,9 @@ def test_a_request_pays_its_wait_with_what_its_own_drafts_gain_it() -> None:
     assert sum(plan_drafts(rejected, step_seconds=0.040, batch_size=8, standing={}).values()) == 0
     realized = batch[:7] + [Candidate("r7", geometric(0.9), 0.001, realized=2.0)]  # 80 ms
     assert plan_drafts(realized, step_seconds=0.040, batch_size=8, standing={}) == {f"r{i}": 4 for i in range(8)}
+    # Alone, nobody else waits: its drafts are priced by the tokens per second they make.
+    alone = [Candidate("a", geometric(0.5), 0.001, realized=0.0)]
+    assert plan_drafts(alone, step_seconds=0.034, batch_size=1, standing={}) == {"a": 4}
 
 
 def test_cost_model_fits_a_line_and_keeps_it_without_spread() -> None:
