@@ -867,6 +867,8 @@ class SpeculationController:
             tokens = sorted(((pick[0].gains[j], j, i) for i, pick in enumerate(picks) if pick is not None
                              for j in range(pick[1]) if pick[0].gains[j] > 0), key=lambda t: (-t[0], t[1], t[2]))
             counts = [0] * batch_size
+            # What each request may wait, in seconds: its budget and its own tokens' gain so far.
+            pays = list(budgets)
             gained = 0.0
             seconds_less_rows = plain - steps[batch_size - 1]  # attention, the draft model's run
             deepest = 0
@@ -874,6 +876,7 @@ class SpeculationController:
                 if j != counts[i]:  # (never: each request's tokens come in order)
                     break
                 counts[i] += 1
+                pays[i] = budgets[i] + plain * picks[i][0].own_gain(counts[i])
                 gained += gain
                 seconds_less_rows += attention[i]
                 if picks[i][0].method == "draft":
@@ -886,8 +889,7 @@ class SpeculationController:
                 if rate <= best_rate * (1 + 1e-12):
                     continue
                 extra = (seconds - plain) * (1 - 1e-9)  # (rounding)
-                if all(extra <= budget + plain * (pick[0].own_gain(count) if pick is not None else 0.0)
-                       for pick, count, budget in zip(picks, counts, budgets)):
+                if extra <= min(pays):
                     best_rate, improved_at = rate, depth
                     best = {candidate.req_id: (picks[k][0], counts[k]) if counts[k] else (candidate, 0)
                             for k, candidate in enumerate(idle)}
