@@ -83,6 +83,17 @@ from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 # over 4 rows of one request costs what a KV-only pass over 3 plus a full pass over 1 do; at 8
 # requests x 4 rows the split is 20% cheaper, at 1 x 31 rows 40%).
 SPLIT_ROWS = 4
+# On a CPU a KV-only pass runs a multiple of KV_ONLY_ROWS_STEP rows, at most KV_ONLY_MAX_ROWS
+# (a longer catch-up runs several), the padding rows storing in spare blocks past the target's:
+# oneDNN builds its products' kernels per row count, 1-4.7 ms each for the fc product at a count
+# not seen yet against 0.15-0.8 warm (bf16, AMX Xeon, 2 threads, 16 to 512 rows), and a
+# catch-up's count is whatever the head skipped. Padded to the block size (16) as before, an
+# exploring step at 8 code streams, after ~32 skipped steps, spent 9-10 ms in KV-only passes over
+# ~256-400 rows, mostly building kernels for counts it had not seen; its 5 accepted drafts were
+# worth ~16 ms and never paid the ~17 ms it cost, so the account never reopened. Eight counts
+# (64 to 512) are built once; 63 padding rows at most cost less than one build.
+KV_ONLY_ROWS_STEP = 64
+KV_ONLY_MAX_ROWS = 512
 # Observed states wait at most this many rows before they are copied into the state pool
 # (observe): a copy per ~256 decode steps at 8 streams, one per prefill chunk.
 PENDING_ROWS = 2048
@@ -119,9 +130,11 @@ class EagleProposer:
         self.device = device
         self.dtype = dtype  # the head's: the target's states are converted as they are stored
         self.kv_spec = KVCacheSpec(1, draft.arch.num_key_value_heads, draft.arch.head_dim, block_size, dtype)
-        # One block past the target's: where a KV-only pass's padding rows store (_pass).
-        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks + 1, device)
-        self._padding_slots = np.arange(num_blocks * block_size, (num_blocks + 1) * block_size, dtype=np.int64)
+        # Blocks past the target's: where a KV-only pass's padding rows store (_kv_only_passes).
+        spare_blocks = -(-(KV_ONLY_ROWS_STEP - 1) // block_size)
+        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks + spare_blocks, device)
+        self._padding_slots = np.arange(num_blocks * block_size, (num_blocks + spare_blocks) * block_size,
+                                        dtype=np.int64)
         num_slots = num_blocks * block_size
         self.states = torch.zeros(num_slots, draft.arch.hidden_size, dtype=dtype, device=device)  # [slots, hidden]
         self._state_tokens = np.full(num_slots, -1, dtype=np.int64)  # token p of the state at p's slot
@@ -292,27 +305,36 @@ class EagleProposer:
         positions = np.concatenate([np.arange(c.start, c.start + c.count) for c in chunks])
         self._store_pending()
         states = self.states.index_select(0, torch.from_numpy(slots).to(self.device))  # [sum(counts), hidden]
-        padding = -len(slots) % self.block_size if kv_only and self.device.type == "cpu" else 0
-        if padding:
-            # A KV-only pass over a row count oneDNN has not seen builds its products' kernels
-            # first (1-1.7 ms per weight shape on an AMX Xeon, bf16: a pass over 43 rows took
-            # 3.0 ms, then 1.1-1.2 once built), and a catch-up's count is whatever the head
-            # skipped. Padded to a multiple of the block size, the counts are few and their
-            # kernels built once; the padding rows store their keys in the spare block. (Here and
-            # not in the shared oneDNN product: padding every product's rows past 32 made the
-            # target's prefill 5.4% dearer once its lengths had been seen, docs/benchmarks.md.)
-            tokens_in = np.concatenate([tokens, np.zeros(padding, dtype=np.int64)])
-            positions = np.concatenate([positions, np.zeros(padding, dtype=np.int64)])
-            states = torch.cat([states, states.new_zeros(padding, states.shape[1])])
-            meta = replace(meta, slot_mapping=torch.from_numpy(
-                np.concatenate([slots, self._padding_slots[:padding]])).to(self.device))
+        out = None
+        if kv_only and self.device.type == "cpu":
+            self._kv_only_passes(tokens, states, positions, slots, meta)
         else:
-            tokens_in = tokens
-        ids = torch.from_numpy(tokens_in).to(self.device)
-        out = self._forward(ids, states, torch.from_numpy(positions).to(self.device), meta, kv_only=kv_only)
+            out = self._forward(torch.from_numpy(tokens).to(self.device), states,
+                                torch.from_numpy(positions).to(self.device), meta, kv_only=kv_only)
         self._kv_tokens[slots] = tokens
         self.num_kv_positions += len(slots)
         return out
+
+    def _kv_only_passes(self, tokens: np.ndarray, states: torch.Tensor, positions: np.ndarray,
+                        slots: np.ndarray, meta: AttentionMetadata) -> None:
+        """On a CPU, a KV-only pass's rows (tokens, positions, slots [n]; states [n, hidden]) in
+        passes of at most KV_ONLY_MAX_ROWS rows, each padded to a multiple of KV_ONLY_ROWS_STEP:
+        oneDNN then builds its kernels for a few row counts once (see KV_ONLY_ROWS_STEP). The
+        padding rows store their keys in the spare blocks. (Here and not in the shared oneDNN
+        product: padding every product's rows past 32 made the target's prefill 5.4% dearer once
+        its lengths had been seen, docs/benchmarks.md.)"""
+        for begin in range(0, len(slots), KV_ONLY_MAX_ROWS):
+            end = min(len(slots), begin + KV_ONLY_MAX_ROWS)
+            padding = -(end - begin) % KV_ONLY_ROWS_STEP
+            zeros = np.zeros(padding, dtype=np.int64)
+            piece = states[begin:end]  # [end - begin, hidden]
+            if padding:
+                piece = torch.cat([piece, piece.new_zeros(padding, piece.shape[1])])
+            self._forward(torch.from_numpy(np.concatenate([tokens[begin:end], zeros])).to(self.device), piece,
+                          torch.from_numpy(np.concatenate([positions[begin:end], zeros])).to(self.device),
+                          replace(meta, slot_mapping=torch.from_numpy(
+                              np.concatenate([slots[begin:end], self._padding_slots[:padding]])).to(self.device)),
+                          kv_only=True)
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> dict[str, Proposal]:

@@ -16,7 +16,7 @@ from drafts.target import load_target, wrap_engine_model
 from engine.spec_decode.calibration import ConfidenceCalibration
 from engine.model.layers.quant_linear import Bf16WeightLinear, Int8WeightLinear
 from engine.spec_decode.draft_model import _draft_logits, load_draft_model, position_slots
-from engine.spec_decode.eagle import SPLIT_ROWS, EagleProposer
+from engine.spec_decode.eagle import KV_ONLY_ROWS_STEP, SPLIT_ROWS, EagleProposer
 from engine.spec_decode.proposer import ProposalRequest
 
 VOCAB = 4096
@@ -226,14 +226,9 @@ def test_kv_only_passes_write_what_full_passes_write(setup, monkeypatch: pytest.
     torch.testing.assert_close(out_split, out_whole, atol=2e-5, rtol=2e-5)
 
 
-def test_a_kv_only_pass_pads_its_rows_into_the_spare_block(setup) -> None:
-    """On a CPU a KV-only pass runs a multiple of the block size rows (oneDNN builds kernels per
-    row count): the padding rows store only in the block past the target's, and the real rows'
-    KV is what a pass without padding writes."""
-    _, draft, ids, states = setup
-    proposer = _proposer(draft)
-    _observe(proposer, ids[:20], states[:20], 0, 20)
-    rows = []
+def _record_forward_rows(proposer: EagleProposer) -> list[tuple[int, bool]]:
+    """Records each head forward's (row count, kv_only)."""
+    rows: list[tuple[int, bool]] = []
     inner = proposer._forward
 
     def recording(input_ids, *args, **kwargs):
@@ -241,14 +236,47 @@ def test_a_kv_only_pass_pads_its_rows_into_the_spare_block(setup) -> None:
         return inner(input_ids, *args, **kwargs)
 
     proposer._forward = recording
+    return rows
+
+
+def test_a_kv_only_pass_pads_its_rows_into_the_spare_blocks(setup) -> None:
+    """On a CPU a KV-only pass runs a multiple of KV_ONLY_ROWS_STEP rows (oneDNN builds kernels
+    per row count): the padding rows store only in the blocks past the target's, and the real
+    rows' KV is what a pass without padding writes (test_kv_only_passes_write_what_full_passes_write)."""
+    _, draft, ids, states = setup
+    proposer = _proposer(draft)
+    _observe(proposer, ids[:20], states[:20], 0, 20)
+    rows = _record_forward_rows(proposer)
     proposer._catch_up([_request(ids[:20])])  # positions 0..17 KV-only, 18 in the full pass
-    assert rows == [(BLOCK * 2, True), (1, False)]
-    cache = proposer.kv_caches[0]  # [2, 8 blocks + the spare one, kv heads, BLOCK, head_dim]
-    assert cache.shape[1] == 9
+    assert KV_ONLY_ROWS_STEP == 64 and rows == [(64, True), (1, False)]
+    cache = proposer.kv_caches[0]  # [2, 8 blocks + 4 spare ones, kv heads, BLOCK, head_dim]
+    assert cache.shape[1] == 8 + 4
     assert not cache[:, 2:8].any()  # nothing past the request's positions
     assert not cache[:, 1, :, 19 - BLOCK:].any()
-    assert cache[:, 8, :, : 2 * BLOCK - 18].abs().amax(dim=-1).gt(0).all()  # 14 padding rows
-    assert not cache[:, 8, :, 2 * BLOCK - 18:].any()
+    spare = cache[:, 8:].transpose(1, 2).reshape(2, cache.shape[2], 4 * BLOCK, -1)  # [2, kv heads, spare slots, head_dim]
+    assert spare[:, :, : 64 - 18].abs().amax(dim=-1).gt(0).all()  # 46 padding rows
+    assert not spare[:, :, 64 - 18:].any()
+
+
+def test_a_long_kv_only_catch_up_runs_in_several_passes(setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most KV_ONLY_MAX_ROWS rows a pass (so a few row counts cover any catch-up), writing
+    what one pass writes."""
+    _, draft, ids, states = setup
+    written = []
+    for max_rows, step in ((8, 8), (10 ** 6, 1)):
+        monkeypatch.setattr("engine.spec_decode.eagle.KV_ONLY_MAX_ROWS", max_rows)
+        monkeypatch.setattr("engine.spec_decode.eagle.KV_ONLY_ROWS_STEP", step)
+        proposer = _proposer(draft)
+        _observe(proposer, ids[:20], states[:20], 0, 20)
+        rows = _record_forward_rows(proposer)
+        newest = proposer._catch_up([_request(ids[:20])])  # positions 0..17 KV-only, 18 in the full pass
+        written.append((rows, proposer.kv_caches[0][:, :2].clone(), newest["r"][1]))
+    (rows_split, kv_split, out_split), (rows_whole, kv_whole, out_whole) = written
+    assert rows_split == [(8, True), (8, True), (8, True), (1, False)]  # 8 + 8 + 2 padded to 8
+    assert rows_whole == [(18, True), (1, False)]
+    torch.testing.assert_close(kv_split, kv_whole, atol=1e-5, rtol=1e-5)
+    assert kv_whole[:, 1, :, 18 - BLOCK].abs().amax().gt(0)  # position 17's KV written
+    torch.testing.assert_close(out_split, out_whole, atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("drafted", [False, True])
