@@ -176,6 +176,12 @@ MAX_EXPLORE_INTERVAL = 2 * PROBE_EVERY
 # streams, variants rotated over engines, 4 rounds): code 1.115x against 1.022x (1.015-1.120
 # against 0.981-1.092), chat 0.981x against 0.968x; chat again, 6 rounds: 0.977x against 0.972x.
 FIRST_EXPLORE_INTERVAL = 4
+# After an exploring step whose plan drafted nothing of its own (one first draft drafted all the
+# same: _best_first_draft), the next is EXPLORE_SHARE's interval up to this many steps, not
+# MAX_EXPLORE_INTERVAL: one draft is worth a plain step's seconds over the batch when accepted
+# and costs the head's catch-up and pass (at 8 chat streams on an AMX Xeon ~3 ms, 26 ms steps),
+# so such a step never pays the account back; it only keeps one request's rate measured.
+MAX_FORCED_EXPLORE_INTERVAL = 4 * MAX_EXPLORE_INTERVAL
 EXPLORE_DECAY = 0.8  # weight of the past in the measured cost of an exploring step
 # Weight of a request's past steps in its standing gain (the fairness gate's): about the last 20
 # steps count, long enough to span the gaps between a code answer's repeated stretches.
@@ -332,6 +338,7 @@ class SpeculationController:
         self._shut_steps = 0  # steps skipped in a row by _proposing_does_not_pay
         self._explore_seconds = 0.0  # what an exploring step costs (decaying mean)
         self._explore_interval = FIRST_EXPLORE_INTERVAL  # (backing off while exploring finds nothing)
+        self._explore_forced = False  # the last exploring step's plan drafted nothing of its own
         # The chance a draft model's token is accepted, given its own probability of it (pooled);
         # a draft model that stops by confidence reads it (calibration.py).
         self.calibration = ConfidenceCalibration()
@@ -458,7 +465,8 @@ class SpeculationController:
 
     # ---- per step ----------------------------------------------------------------------------
     def propose(self, requests: list[ProposalRequest], batch_size: int) -> dict[str, Proposal]:
-        """Drafts for the requests that will decode next; request.num_drafts is set to what is
+        """Drafts for the requests that will decode next, by req_id (a request left out drafts
+        nothing: on a step the gate keeps shut, all are); request.num_drafts is set to what is
         actually drafted (the runner trims proposals to it)."""
         if not requests:
             return {}
@@ -479,11 +487,11 @@ class SpeculationController:
             mean_context = _mean_context(requests)
             step_seconds = self._plain_step_seconds(mean_context, batch_size)
             self._planned_steps += 1
-            probe_every = self._probe_every(len(requests), mean_context, step_seconds)
             if batch_size >= 2 and self.cost.swept:
                 # (A probe step does not open it: exploring is this gate's probe.)
                 shut = not unpriced and self._proposing_does_not_pay(step_seconds)
             else:
+                probe_every = self._probe_every(len(requests), mean_context, step_seconds)
                 standing = self._standing_gains(requests)
                 # The least a plan costs: one verified token, and proposing and planning it (the
                 # suffix index, the vote, the plan: at 8 chat streams ~0.3-0.5 ms of a 29 ms step
@@ -493,12 +501,15 @@ class SpeculationController:
                 shut = (not (unpriced or probe_step) and batch_size >= 2
                         and gate_shut(standing.values(), step_seconds, cheapest_plan))
             if shut:
+                # (Nothing else on these steps: at 8 chat streams the gate is shut on ~95% of
+                # them, and their Python runs with caches the step's weights streamed through.)
                 self._skip_step(requests)
                 self.proposer_seconds += time.perf_counter() - started
-                return {request.req_id: Proposal([]) for request in requests}
+                return {}
             exploring = self._shut_steps > 0  # (see _proposing_does_not_pay and _plan)
             self._shut_steps = 0
             if batch_size >= 2 and self.cost.swept:
+                probe_every = self._probe_every(len(requests), mean_context, step_seconds)
                 standing = self._standing_gains(requests)
         if self.config.adaptive:
             self._age_untried()  # (steps the gate keeps shut do not count: no plan reads the rates)
@@ -641,12 +652,13 @@ class SpeculationController:
         if step_seconds <= 0:
             return False  # (nothing priced yet)
         explore_cost = self._explore_seconds if self._explore_seconds > 0 else self.proposing_seconds
-        explore_every = min(MAX_EXPLORE_INTERVAL, self._explore_interval,
+        cap = MAX_FORCED_EXPLORE_INTERVAL if self._explore_forced else MAX_EXPLORE_INTERVAL
+        explore_every = min(cap, self._explore_interval,
                             max(2, math.ceil(explore_cost / (EXPLORE_SHARE * step_seconds))))
         self._shut_steps += 1
         if self._shut_steps < explore_every:
             return True
-        self._explore_interval = min(2 * self._explore_interval, MAX_EXPLORE_INTERVAL)
+        self._explore_interval = min(2 * self._explore_interval, cap)
         return False
 
     def _account_proposing(self, batch_size: int, step_seconds: float, num_rows_added: int, seconds: float,
@@ -775,8 +787,10 @@ class SpeculationController:
             plan = plan_step(options, step_seconds=step_seconds, batch_size=batch_size, draft_run=run,
                              standing=standing)
             plan = self._price_by_steps_seen(plan, options, batch_size, step_seconds, run, standing)
-        if exploring and not any(count for _, count in plan.values()):
-            plan.update(_best_first_draft(options))
+        if exploring:
+            self._explore_forced = not any(count for _, count in plan.values())
+            if self._explore_forced:
+                plan.update(_best_first_draft(options))
         rooms = {r.req_id: r.num_drafts for r in requests}
         head_alone = batch_size == 1 and self._head_pays_alone(requests[0], step_seconds)
         chosen: dict[str, tuple[str, int]] = {}

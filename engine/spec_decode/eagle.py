@@ -164,8 +164,9 @@ class EagleProposer:
 
     def forget_blocks(self, block_ids: list[int]) -> None:
         """Blocks just allocated afresh: their states and head KV belong to another context."""
-        self._state_tokens_by_block[block_ids] = -1
-        self._kv_tokens_by_block[block_ids] = -1
+        blocks = np.asarray(block_ids, dtype=np.int64)  # (converted once for both records)
+        self._state_tokens_by_block[blocks] = -1
+        self._kv_tokens_by_block[blocks] = -1
 
     def _forward(self, input_ids: torch.Tensor, states: torch.Tensor, positions: torch.Tensor,
                  meta: AttentionMetadata, *, kv_only: bool = False) -> torch.Tensor | None:

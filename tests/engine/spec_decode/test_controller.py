@@ -7,13 +7,18 @@ import pytest
 
 import engine.spec_decode.controller as controller_module
 from engine.config import SpeculativeConfig
-from engine.spec_decode.controller import (FIRST_EXPLORE_INTERVAL, MAX_EXPLORE_INTERVAL, MAX_PROBE_INTERVAL,
-                                           POOLED_PRIOR, PROBE_EVERY, PROBE_SHARE, UNTRIED_DECAY,
+from engine.spec_decode.controller import (FIRST_EXPLORE_INTERVAL, MAX_EXPLORE_INTERVAL, MAX_FORCED_EXPLORE_INTERVAL,
+                                           MAX_PROBE_INTERVAL, POOLED_PRIOR, PROBE_EVERY, PROBE_SHARE, UNTRIED_DECAY,
                                            Acceptance, SpeculationController)
 from engine.spec_decode.proposer import Proposal, ProposalRequest
 from engine.spec_decode.suffix import SuffixProposer
 
 REPEATING = [5, 6, 7, 8] * 6  # the suffix proposer continues this with full confidence
+
+
+def drafted_ids(proposals: dict[str, Proposal], req_id: str) -> list[int]:
+    """A request's drafts (none where propose left it out: on a step the gate keeps shut, all are)."""
+    return proposals.get(req_id, Proposal([])).token_ids
 
 
 class CountingDraft:
@@ -152,7 +157,7 @@ def test_a_few_rejections_move_a_request_toward_zero_but_the_pool_holds_it() -> 
 def test_alone_suffix_drafts_the_full_k() -> None:
     spec, _ = controller("suffix")
     proposals = spec.propose([request("a", REPEATING)], batch_size=1)
-    assert proposals["a"].token_ids == [5, 6, 7, 8]
+    assert drafted_ids(proposals, "a") == [5, 6, 7, 8]
 
 
 
@@ -283,8 +288,9 @@ def test_in_a_batch_a_swept_controller_proposes_while_drafts_gain_and_else_explo
 def test_in_a_batch_a_swept_controller_explores_sooner_while_its_account_is_young() -> None:
     """Nothing gained, exploring priced dear (every MAX_EXPLORE_INTERVAL steps by its cost):
     after the first step it explores FIRST_EXPLORE_INTERVAL steps after shutting, then after
-    twice as many each time, up to MAX_EXPLORE_INTERVAL; probe steps (every PROBE_EVERY) do not
-    open it."""
+    twice as many each time; probe steps (every PROBE_EVERY) do not open it. Every exploring step
+    here finds the plan empty and drafts one token all the same, so the interval doubles up to
+    MAX_FORCED_EXPLORE_INTERVAL (test_an_exploring_step_whose_plan_drafts_keeps_the_shorter_cap)."""
     spec, _ = controller("suffix")
     swept(spec)
     spec._explore_seconds = 1.0  # an exploring step's measured cost: far past EXPLORE_SHARE
@@ -297,15 +303,41 @@ def test_in_a_batch_a_swept_controller_explores_sooner_while_its_account_is_youn
         return propose(*args, **kwargs)
 
     spec.suffix.propose = counted
-    for step in range(100):
+    for step in range(300):
         for req_id, proposal in spec.propose(requests, batch_size=8).items():
             spec.record(req_id, len(proposal.token_ids), 0)
     first = FIRST_EXPLORE_INTERVAL
-    assert (first, MAX_EXPLORE_INTERVAL) == (4, 32) and PROBE_EVERY == 16
-    assert proposing == [0, 4, 12, 28, 60, 92]
+    assert (first, MAX_EXPLORE_INTERVAL, MAX_FORCED_EXPLORE_INTERVAL) == (4, 32, 128) and PROBE_EVERY == 16
+    assert proposing == [0, 4, 12, 28, 60, 124, 252]
+    assert spec._explore_forced
     # Once its drafts pay, the interval starts over.
     spec._proposing_paid = spec._proposing_cost + 1.0
     assert not spec._proposing_does_not_pay(0.030) and spec._explore_interval == first
+
+
+def test_an_exploring_step_whose_plan_drafts_keeps_the_shorter_cap() -> None:
+    """The interval doubles up to MAX_EXPLORE_INTERVAL after an exploring step whose plan drafted
+    of its own, and up to MAX_FORCED_EXPLORE_INTERVAL after one that only drafted its likeliest
+    first token (which cannot pay the account back: the cap's comment)."""
+    spec, _ = controller("suffix")
+    swept(spec)
+    spec._explore_seconds = 1.0
+    spec._proposing_cost, spec._proposing_paid = 1.0, 0.0  # unpaid: the gate is shut
+
+    def steps_to_next_exploring_step() -> int:
+        skipped = 1
+        while spec._proposing_does_not_pay(0.030):
+            skipped += 1
+        spec._shut_steps = 0  # (what propose does on the exploring step)
+        return skipped
+
+    spec._explore_interval = MAX_EXPLORE_INTERVAL
+    spec._explore_forced = False
+    assert [steps_to_next_exploring_step() for _ in range(3)] == [32, 32, 32]
+    spec._explore_forced = True
+    assert [steps_to_next_exploring_step() for _ in range(4)] == [32, 64, 128, 128]
+    spec._explore_forced = False  # the cap applies at once
+    assert steps_to_next_exploring_step() == 32
 
 
 def test_in_a_batch_an_exploring_step_the_plan_leaves_empty_drafts_its_likeliest_first_token() -> None:
@@ -344,7 +376,7 @@ def test_at_batch_8_one_request_without_drafts_gates_the_others() -> None:
     seven = [f"r{i}" for i in range(7)]
     batch = [request(name, REPEATING) for name in seven] + [request("new", [40, 41, 42])]
     proposals = spec.propose(batch, batch_size=8)
-    assert all(not proposals[r.req_id].token_ids for r in batch)
+    assert all(not drafted_ids(proposals, r.req_id) for r in batch)
     drafted = run_batch(spec, seven, 3 * PROBE_EVERY)
     assert drafted[-1] == 7 * 4
     for name in seven:  # (the new request's standing fades: it shares no step with them)
@@ -357,7 +389,7 @@ def test_at_batch_8_one_request_without_drafts_gates_the_others() -> None:
         batch = [request(name, REPEATING) for name in seven] + [request("new", [40, 41, 42])]
         proposals = spec.propose(batch, batch_size=8)
         for name in seven:
-            spec.record(name, len(proposals[name].token_ids), len(proposals[name].token_ids))
+            spec.record(name, len(drafted_ids(proposals, name)), len(drafted_ids(proposals, name)))
         drafted.append(sum(len(p.token_ids) for p in proposals.values()))
     # It starts from the seven's rate, which fades: then hardly a token a step where they drafted 28.
     assert drafted[0] == 28 and sum(drafted[-PROBE_EVERY:]) <= PROBE_EVERY
@@ -371,7 +403,7 @@ def run_batch(spec: SpeculationController, names: list[str], steps: int, rejecti
         proposals = spec.propose([request(name, REPEATING) for name in names], batch_size=len(names))
         drafted.append(sum(len(p.token_ids) for p in proposals.values()))
         for name in names:
-            count = len(proposals[name].token_ids)
+            count = len(drafted_ids(proposals, name))
             spec.record(name, count, 0 if name == rejecting else count)
     return drafted
 
@@ -424,13 +456,13 @@ def test_a_failing_draft_model_switches_off_and_probes() -> None:
         spec.record("a", 1, 0)
     assert spec.acceptance("a", "draft") < 0.05
     draft.asked.clear()
-    drafted = [len(spec.propose([request("a", [9])], batch_size=8)["a"].token_ids) for _ in range(2 * PROBE_EVERY)]
+    drafted = [len(drafted_ids(spec.propose([request("a", [9])], batch_size=8), "a")) for _ in range(2 * PROBE_EVERY)]
     assert drafted.count(1) == 2 and sum(drafted) == 2  # one single-token probe every PROBE_EVERY steps
     assert len(draft.asked) == 2  # and the draft model ran for nothing else
     # Probes that succeed bring the drafts back.
     for _ in range(10):
         spec.record("a", 1, 1)
-    assert len(spec.propose([request("a", [9])], batch_size=1)["a"].token_ids) >= 1
+    assert len(drafted_ids(spec.propose([request("a", [9])], batch_size=1), "a")) >= 1
 
 
 def draft_model_clock(spec: SpeculationController, draft: CountingDraft, names: list[str], steps: int,
@@ -444,7 +476,7 @@ def draft_model_clock(spec: SpeculationController, draft: CountingDraft, names: 
         if len(draft.calls) > calls:
             clock.append(spec._planned_steps)
         for name in names:
-            spec.record(name, len(proposals[name].token_ids), 0)
+            spec.record(name, len(drafted_ids(proposals, name)), 0)
             if not back_off:
                 spec._probe_interval.pop(name, None)
     return clock
@@ -477,7 +509,7 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets() -> None:
         spec.record("a", 1, 0)
     probe_clock = []
     for _ in range(60 * PROBE_EVERY):
-        drafted = len(spec.propose([request("a", [9])], batch_size=8)["a"].token_ids)
+        drafted = len(drafted_ids(spec.propose([request("a", [9])], batch_size=8), "a"))
         if drafted:
             probe_clock.append(spec._planned_steps)
         spec.record("a", drafted, 1 if drafted and len(probe_clock) == 7 else 0)  # only the 7th is accepted
@@ -555,10 +587,10 @@ def test_an_untried_low_suffix_rate_returns_toward_the_prior() -> None:
 def test_hybrid_takes_confident_suffix_drafts_over_an_average_draft_model() -> None:
     spec, draft = controller("hybrid", draft_seconds=0.005)
     proposals = spec.propose([request("a", REPEATING)], batch_size=1)
-    assert proposals["a"].token_ids == [5, 6, 7, 8] and not draft.asked
+    assert drafted_ids(proposals, "a") == [5, 6, 7, 8] and not draft.asked
     # Nothing to continue from: the draft model drafts.
     proposals = spec.propose([request("b", [40, 41, 42])], batch_size=1)
-    assert draft.asked == [("b", proposals["b"].token_ids.__len__())] and proposals["b"].token_ids
+    assert draft.asked == [("b", drafted_ids(proposals, "b").__len__())] and drafted_ids(proposals, "b")
 
 
 def test_not_adaptive_always_drafts_k() -> None:
@@ -575,7 +607,7 @@ def test_num_drafts_is_what_was_drafted(method: str) -> None:
     requests = [request("a", REPEATING), request("b", [40, 41, 42])]
     proposals = spec.propose(requests, batch_size=1)
     for r in requests:
-        assert len(proposals.get(r.req_id, Proposal([])).token_ids) <= r.num_drafts
+        assert len(drafted_ids(proposals, r.req_id)) <= r.num_drafts
 
 
 def test_reset_forgets_what_earlier_requests_taught() -> None:
@@ -670,7 +702,7 @@ def test_runners_up_are_asked_while_their_hit_rate_pays_for_two_rows() -> None:
         step = [ProposalRequest(f"r{i}", [1, 2, 3], [4], num_drafts=4, max_alternatives=3) for i in range(4)]
         proposals = spec.propose(step, batch_size=1)
         for r in step:
-            spec.record(r.req_id, len(proposals[r.req_id].token_ids), len(proposals[r.req_id].token_ids))
+            spec.record(r.req_id, len(drafted_ids(proposals, r.req_id)), len(drafted_ids(proposals, r.req_id)))
         return step
 
     for _ in range(2 * PROBE_EVERY):
@@ -722,7 +754,7 @@ def test_reset_restarts_what_a_fresh_controller_starts_with() -> None:
         observe_cpu_steps(spec)
         counts = []
         for _ in range(3 * PROBE_EVERY):
-            counts.append(len(spec.propose([request("a", [9])], batch_size=8)["a"].token_ids))
+            counts.append(len(drafted_ids(spec.propose([request("a", [9])], batch_size=8), "a")))
             spec.record("a", counts[-1], 0)
         return counts
 
@@ -741,21 +773,21 @@ def test_before_the_step_price_is_known_one_draft_for_one_request_and_no_runners
     batch = [ProposalRequest(f"r{i}", [1, 2, 3] * (1 if i == 5 else 4), [4], num_drafts=4, max_alternatives=3)
              for i in range(8)]
     proposals = spec.propose(batch, batch_size=8)  # nothing measured: tokens look free
-    assert [len(proposals.get(r.req_id, Proposal([])).token_ids) for r in batch] == [0] * 5 + [1] + [0] * 2
+    assert [len(drafted_ids(proposals, r.req_id)) for r in batch] == [0] * 5 + [1] + [0] * 2
     assert [r.num_drafts for r in batch] == [0] * 5 + [1] + [0] * 2
     assert [r.num_alternatives for r in batch] == [0] * 8
     hybrid = SpeculationController(SpeculativeConfig(method="hybrid", num_speculative_tokens=4, adaptive=True),
                                    suffix=SuffixProposer(), draft=CountingDraft())
     batch = [request(f"r{i}", REPEATING if i % 2 else [9, 8]) for i in range(8)]
     proposals = hybrid.propose(batch, batch_size=8)
-    assert [len(proposals.get(r.req_id, Proposal([])).token_ids) for r in batch] == [1, 1] + [0, 1] * 3
+    assert [len(drafted_ids(proposals, r.req_id)) for r in batch] == [1, 1] + [0, 1] * 3
     spec.observe_step(200, 0.3)  # a prefill: one token count, no slope yet
     proposals = spec.propose([request("a", [4])], batch_size=1)
-    assert len(proposals["a"].token_ids) == 1
+    assert len(drafted_ids(proposals, "a")) == 1
     spec.observe_step(1, 0.03)  # the first decode step: the slope is known
     assert spec.cost.identified
     single = ProposalRequest("a", [1, 2, 3], [4], num_drafts=4, max_alternatives=3)
-    assert len(spec.propose([single], batch_size=1)["a"].token_ids) > 1 and single.num_alternatives > 0
+    assert len(drafted_ids(spec.propose([single], batch_size=1), "a")) > 1 and single.num_alternatives > 0
 
 
 @pytest.mark.parametrize("proposing_seconds", [0.0, 0.002])
@@ -798,13 +830,13 @@ def test_suffix_and_draft_model_have_caps_of_their_own(adaptive: bool) -> None:
         spec.propose([request("warm", REPEATING, k=spec.max_drafts)], batch_size=1)
         spec.record("warm", 7, 7)
     proposals = spec.propose([request("a", REPEATING, k=spec.max_drafts)], batch_size=1)
-    assert proposals["a"].token_ids == [5, 6, 7, 8, 5, 6, 7] and not draft.asked
+    assert drafted_ids(proposals, "a") == [5, 6, 7, 8, 5, 6, 7] and not draft.asked
     # Nothing to continue from: the draft model drafts, at most its own cap.
     proposals = spec.propose([request("b", [40, 41, 42], k=7)], batch_size=1)
-    assert draft.asked == [("b", 2)] and proposals["b"].token_ids == [7, 7]
+    assert draft.asked == [("b", 2)] and drafted_ids(proposals, "b") == [7, 7]
     # Less room (max_tokens near): the room wins over both caps.
     proposals = spec.propose([request("c", REPEATING, k=3)], batch_size=1)
-    assert proposals["c"].token_ids == [5, 6, 7]
+    assert drafted_ids(proposals, "c") == [5, 6, 7]
 
 
 def test_the_suffix_cap_shrinks_with_the_batch_down_to_the_draft_models() -> None:
@@ -820,7 +852,7 @@ def test_the_suffix_cap_shrinks_with_the_batch_down_to_the_draft_models() -> Non
     proposals = spec.propose([request(str(i), REPEATING, k=16) for i in range(8)], batch_size=8)
     assert all(len(p.token_ids) == 4 for p in proposals.values())
     proposals = spec.propose([request("alone", REPEATING, k=16)], batch_size=1)
-    assert len(proposals["alone"].token_ids) == 16
+    assert len(drafted_ids(proposals, "alone")) == 16
 
 
 def test_caps_are_checked() -> None:
@@ -870,7 +902,7 @@ def test_in_a_batch_a_confident_draft_model_only_trims_the_plan() -> None:
         for spec, _ in pair:
             proposals = spec.propose([request(name, [9]) for name in names], batch_size=8)
             for name in names:
-                drafted = len(proposals[name].token_ids)
+                drafted = len(drafted_ids(proposals, name))
                 spec.record(name, drafted, drafted)
     (_, plain), (_, confident) = pair
     assert confident.asked == plain.asked and max(k for _, k in plain.asked) > 1
@@ -883,7 +915,7 @@ def test_the_calibration_learns_from_the_draft_models_verified_tokens() -> None:
     verified = 0
     for _ in range(30):
         proposals = spec.propose([request("a", [9])], batch_size=1)
-        drafted = len(proposals["a"].token_ids)
+        drafted = len(drafted_ids(proposals, "a"))
         verified += drafted > 0
         spec.record("a", drafted, 0)  # its confident drafts are all rejected
     assert verified >= 5 and spec.calibration.acceptance(0.9) < before * 0.7
@@ -957,7 +989,7 @@ def test_alone_a_confident_draft_model_runs_whenever_its_tokens_pay(draft_class)
     assert spec.acceptance("a", "draft") < break_even
     assert draft_class is CountingDraft or spec.calibration.overall > break_even
     r = request("a", [9])
-    drafted = spec.propose([r], batch_size=1)["a"].token_ids
+    drafted = drafted_ids(spec.propose([r], batch_size=1), "a")
     if draft_class is ConfidentDraft:
         assert draft.asked == [("a", 4)] and r.num_drafts == 4 == len(drafted)  # its confidence sets the depth
     else:  # a draft model that cannot tell a sure draft from a guess keeps to the plan
@@ -973,7 +1005,7 @@ def test_alone_a_confident_draft_model_stays_off_while_its_tokens_do_not_pay() -
     spec, draft = controller("draft", draft_seconds=0.012, draft_class=ConfidentDraft)
     ran = []
     for _ in range(40):
-        drafted = spec.propose([request("a", [9])], batch_size=1)["a"].token_ids
+        drafted = drafted_ids(spec.propose([request("a", [9])], batch_size=1), "a")
         ran.append(bool(drafted))
         spec.record("a", len(drafted), 0)
     assert 0 < sum(ran) <= 10 and not any(ran[10:]) and len(draft.asked) == sum(ran)
