@@ -89,7 +89,7 @@ SPLIT_ROWS = 4
 # not seen yet against 0.15-0.8 warm (bf16, AMX Xeon, 2 threads, 16 to 512 rows), and a
 # catch-up's count is whatever the head skipped. Padded to the block size (16) as before, an
 # exploring step at 8 code streams, after ~32 skipped steps, spent 9-10 ms in KV-only passes over
-# ~256-400 rows, mostly building kernels for counts it had not seen; its 5 accepted drafts were
+# ~256-800 rows, mostly building kernels for counts it had not seen; its 5 accepted drafts were
 # worth ~16 ms and never paid the ~17 ms it cost, so the account never reopened. Eight counts
 # (64 to 512) are built once; 63 padding rows at most cost less than one build.
 KV_ONLY_ROWS_STEP = 64
