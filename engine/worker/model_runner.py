@@ -337,6 +337,8 @@ class ModelRunner:
         paired = self._pair_inputs(step, token_bitmasks)
         inputs = paired if paired is not None else step
         device = self.device
+        starts = inputs.query_start_loc
+        query_lens = [end - begin for begin, end in zip(starts, starts[1:])]  # per request (pairs included)
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(inputs.slot_mapping).to(device, non_blocking=True),
             block_table=torch.from_numpy(inputs.block_table).to(device, non_blocking=True),
@@ -344,7 +346,7 @@ class ModelRunner:
             seq_lens=torch.tensor(inputs.seq_lens, dtype=torch.int32, device=device),
             query_start_loc_cpu=inputs.query_start_loc,
             seq_lens_cpu=inputs.seq_lens,
-            max_query_len=max(b - a for a, b in zip(inputs.query_start_loc, inputs.query_start_loc[1:])),
+            max_query_len=max(query_lens),
             max_seq_len=max(inputs.seq_lens),
         )
         input_ids = torch.from_numpy(inputs.input_ids).to(device, non_blocking=True)
@@ -392,10 +394,8 @@ class ModelRunner:
             if self.spec is not None:
                 # The price list of the next drafts: what this step cost for its tokens (before
                 # proposing, which the draft model prices itself).
-                # (In Python: np.diff over the list cost ~70 us a step here, its Python run with
-                # caches the forward's weights had just streamed through; this is ~5.)
-                starts = inputs.query_start_loc
-                query_lens = [end - begin for begin, end in zip(starts, starts[1:])]
+                # (query_lens, taken once above in Python: np.diff over the list here cost ~70
+                # us a step, its Python run with caches the forward had just streamed through.)
                 self.spec.observe_step(len(inputs.input_ids), time.perf_counter() - started,
                                        attention_work(query_lens, inputs.seq_lens))
                 spec_token_ids = self._propose(sample_states, num_running=len(req_ids))
