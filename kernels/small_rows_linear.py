@@ -72,16 +72,35 @@ def skinny_enabled() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX2" and cpu_kernels() is not None
 
 
+@functools.cache
+def held_weights_enabled() -> bool:
+    """Whether few-row float32 products over weights held in bf16 or int8 (a draft's:
+    engine/worker/model_runner.py's draft_weight_format) take the compiled kernel: on every CPU
+    with AVX2 or wider where the kernels built, AVX512 ones included. There oneDNN's products on
+    one to a few rows are bound by their fixed costs, not by the bytes: on an AMX Xeon (2
+    threads, weights cycled from memory) the EAGLE head's layer took 0.56 ms a row in bf16
+    through oneDNN against 0.43 over bf16-held weights in this kernel, and driven from Python a
+    whole head position 1.8 ms against 0.6-0.8 through the compiled head
+    (engine/spec_decode/eagle_compiled.py; docs/speculative.md). float32 weights there keep
+    oneDNN (skinny_enabled)."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and cpu_kernels() is not None
+
+
 def compiled_linear(
     x: torch.Tensor,  # [num_rows, in_features] float32 on the CPU
     weight: torch.Tensor,  # [out_features, in_features] float32, bf16 (widened as read) or int8, contiguous
     bias: torch.Tensor | None = None,  # [out_features]
     scales: torch.Tensor | None = None,  # [out_features] float32: an int8 weight's, which needs them
 ) -> torch.Tensor | None:  # [num_rows, out_features], or None where the kernel does not take it
-    """The compiled few-row product, when this machine uses it and it takes these tensors."""
-    if x.dim() != 2 or not 1 <= x.shape[0] <= SKINNY_MAX_ROWS or not skinny_enabled():
+    """The compiled few-row product, when this machine uses it and it takes these tensors:
+    every weight on AVX2 CPUs (skinny_enabled), held bf16 and int8 weights under float32 rows on
+    wider ones too (held_weights_enabled)."""
+    if x.dim() != 2 or not 1 <= x.shape[0] <= SKINNY_MAX_ROWS:
         return None
-    return cpu_kernels().try_skinny_linear(x, weight, bias, scales)  # (built: skinny_enabled says so)
+    if not skinny_enabled() and not (weight.dtype in (torch.bfloat16, torch.int8) and x.dtype == torch.float32
+                                     and held_weights_enabled()):
+        return None
+    return cpu_kernels().try_skinny_linear(x, weight, bias, scales)  # (built: either check says so)
 
 
 def linear(

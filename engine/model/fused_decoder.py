@@ -62,18 +62,27 @@ class FusedDecoder:
     @staticmethod
     def build(layers: nn.ModuleList, norm: RMSNorm) -> FusedDecoder | None:
         """The compiled path for these layers, or None where it does not apply: no compiled
-        kernels or not an AVX2 CPU (skinny_enabled), linears not in the few-row kernel's form
+        kernels, not an AVX2 CPU (skinny_enabled) nor a wider one with every linear's weight
+        held in bf16 or int8 (held_weights_enabled), linears not in the few-row kernel's form
         (quantized, oneDNN-only, or still training-form Linears), per-head q/k norms (Qwen3),
         anything but float32 norms."""
         kernels = cpu_kernels()
-        if kernels is None or not small_rows_linear.skinny_enabled() or len(layers) == 0:
+        if kernels is None or len(layers) == 0:
+            return None
+        # On AVX2 CPUs every float32 few-row product takes the compiled kernel; on wider ones
+        # only products over held bf16 or int8 weights do (a draft's: held_weights_enabled).
+        every_form = small_rows_linear.skinny_enabled()
+        if not every_form and not small_rows_linear.held_weights_enabled():
             return None
         entries, shapes = [], set()
         for layer in layers:
             attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
             if attention is None or not isinstance(mlp, GatedMLP) or attention.q_norm is not None:
                 return None
-            weights = [_weight(m) for m in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            linears = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if not every_form and not all(isinstance(m, (Bf16WeightLinear, Int8WeightLinear)) for m in linears):
+                return None
+            weights = [_weight(m) for m in linears]
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             if any(w is None for w in weights) or any(n.dtype != torch.float32 or not n.is_cpu for n in norms):
                 return None

@@ -53,7 +53,7 @@ class CompiledEagleHead:
         """The compiled path for this head, or None where it does not apply."""
         kernels = cpu_kernels()
         if (kernels is None or device.type != "cpu" or dtype != torch.float32
-                or not small_rows_linear.skinny_enabled() or draft.model._fused_decoder() is None):
+                or draft.model._fused_decoder() is None):
             return None
         model = draft.model
         embedding, table = model.embed_tokens.weight, model.rotary.cos_sin_table

@@ -44,7 +44,7 @@ from engine.worker.kv_cache import (
 )
 from engine.worker.step_sweep import STEP_SWEEP_ROWS, sweep_step_seconds
 from kernels.onednn_linear import onednn_bf16_available
-from kernels.small_rows_linear import skinny_enabled
+from kernels.small_rows_linear import held_weights_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -78,19 +78,25 @@ def resolve_dtype(model_config: ModelConfig, device: torch.device) -> torch.dtyp
 
 
 def resolve_draft_dtype(config: SpeculativeConfig, target_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The draft's dtype. "auto": the target's, except under a float32 target on a machine where
-    bf16 is the faster dtype: a draft position is a few-row pass bound by reading the draft's
-    weights, so bf16 halves its cost, and its precision only moves acceptance (the target
-    verifies every token)."""
+    """The draft's dtype. "auto": on a CPU where the compiled few-row kernel takes held weights
+    (held_weights_enabled: AVX2 or wider), float32 over int8-held weights (draft_weight_format),
+    whatever the target's dtype: a draft position is a pass over one to a few rows, and there
+    the compiled kernel and the one-call head beat oneDNN's bf16 products, whose fixed costs
+    bound them (docs/speculative.md, "The draft's execution on AVX512 CPUs"); the draft reads
+    the target's states and embedding in float32. Elsewhere the target's, except under a float32
+    target on a machine where bf16 is the faster dtype: bf16 halves the bytes a pass reads. Its
+    precision only moves acceptance (the target verifies every token)."""
     if config.draft_dtype != "auto":
         return _DTYPES[config.draft_dtype]
+    if device.type == "cpu" and held_weights_enabled():
+        return torch.float32
     return auto_dtype(device) if target_dtype == torch.float32 else target_dtype
 
 
 def draft_weight_format(config: SpeculativeConfig, draft_dtype: torch.dtype, device: torch.device) -> str | None:
     """How a float32 draft holds its weights: "bf16" or "int8" (computing in float32 over them),
-    or None (its dtype's own). Only where the compiled few-row kernel runs (AVX2 CPUs), which
-    widens bf16 and int8 weights as it reads them: a draft position is bound by reading the
+    or None (its dtype's own). Only where the compiled few-row kernel takes them (AVX2 CPUs and
+    wider: held_weights_enabled), which widens bf16 and int8 weights as it reads them: a draft position is bound by reading the
     draft's weights, so bf16 reads half the bytes and int8 a quarter.
     - bf16: the shipped drafts' layers are stored in bf16 (drafts/), so their products are
       unchanged; the reduced output head, rows of the target's float32 head, is rounded to bf16.
@@ -103,10 +109,10 @@ def draft_weight_format(config: SpeculativeConfig, draft_dtype: torch.dtype, dev
         choice = "int8" if config.draft_dtype == "auto" else "dtype"
     if choice == "dtype":
         return None
-    if not (draft_dtype == torch.float32 and device.type == "cpu" and skinny_enabled()):
+    if not (draft_dtype == torch.float32 and device.type == "cpu" and held_weights_enabled()):
         if config.draft_weights != "auto":
             raise ValueError(f"draft_weights {choice!r} needs a float32 draft on a CPU whose few-row products take "
-                             f"the compiled kernel (AVX2); this draft is {draft_dtype} on {device.type}")
+                             f"the compiled kernel (AVX2 or wider); this draft is {draft_dtype} on {device.type}")
         return None
     return choice
 

@@ -162,6 +162,13 @@ def test_dispatch_takes_few_float32_rows_only(compiled: CpuKernels) -> None:
         assert torch.equal(small_rows_linear.linear(few, weight), taken)
     else:
         assert taken is None
+    # Held bf16 weights under float32 rows (a draft's): on AVX2 CPUs and wider ones alike.
+    held = small_rows_linear.compiled_linear(few, weight.bfloat16())
+    if small_rows_linear.held_weights_enabled():
+        assert held is not None and torch.equal(held, compiled.skinny_linear(few, weight.bfloat16()))
+        assert small_rows_linear.compiled_linear(many, weight.bfloat16()) is None
+    else:
+        assert held is None
 
 
 @pytest.mark.skipif(not onednn_available(), reason="needs oneDNN")

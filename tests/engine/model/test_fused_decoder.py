@@ -84,6 +84,26 @@ def test_held_draft_weights_take_the_stack_too(held: str) -> None:
     assert all(torch.equal(a, b) for a, b in zip(fused_caches, loop_caches))
 
 
+def test_on_wider_cpus_only_held_draft_weights_take_the_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where float32 products keep oneDNN (AVX512 CPUs: skinny_enabled off) a draft's layers over
+    held bf16 or int8 weights still take the stack, bit for bit as their loop; a float32 model's
+    prepacked layers do not."""
+    monkeypatch.setattr(small_rows_linear, "skinny_enabled", lambda: False)
+    monkeypatch.setattr(small_rows_linear, "held_weights_enabled", lambda: True)
+    prepacked = tiny_model("llama_tied")
+    prepare_for_inference(prepacked, None, torch.device("cpu"))
+    assert prepacked._fused_decoder() is None
+    held = _prepared("llama_tied", held="int8")
+    assert isinstance(held._fused_decoder(), FusedDecoder)
+    fused_logits, fused_caches = _run(held, fused=True)
+    loop_logits, loop_caches = _run(held, fused=False)
+    assert all(torch.equal(a, b) for a, b in zip(fused_logits, loop_logits))
+    assert all(torch.equal(a, b) for a, b in zip(fused_caches, loop_caches))
+    monkeypatch.setattr(small_rows_linear, "held_weights_enabled", lambda: False)
+    held.forget_fused_decoder()
+    assert held._fused_decoder() is None  # (no kernel for them: the loop)
+
+
 def test_the_stack_is_used_for_few_rows_and_the_loop_for_more(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _prepared("qwen2_bias")
     fused = model._fused_decoder()

@@ -420,7 +420,7 @@ def _full_and_held(setup, tmp_path, held: str):
 
 
 def test_bf16_weights_change_only_the_rounding_of_the_output_head(setup, tmp_path) -> None:
-    """bf16-held weights (float32 drafts on AVX2 CPUs, model_runner.draft_weight_format): a head
+    """bf16-held weights (float32 drafts on AVX2 CPUs and wider, model_runner.draft_weight_format): a head
     exported in bf16 computes its layers as before (the products are the widened weights'), and
     its reduced output head, rows of the target's float32 head, is the float32 one rounded."""
     full, half, newest = _full_and_held(setup, tmp_path, "bf16")
@@ -437,7 +437,7 @@ def test_bf16_weights_change_only_the_rounding_of_the_output_head(setup, tmp_pat
 
 
 def test_int8_weights_are_the_rounded_weights_scaled_per_row(setup, tmp_path) -> None:
-    """int8-held weights (draft_weights "int8", the default for float32 drafts on AVX2 CPUs): the
+    """int8-held weights (draft_weights "int8", the default for drafts on AVX2 CPUs and wider): the
     layers, the fc and the reduced output head compute over the int8 weights times their row's
     scale, which stays close to the full-precision head's output."""
     full, quarter, newest = _full_and_held(setup, tmp_path, "int8")
@@ -461,7 +461,7 @@ def test_draft_weight_format_follows_the_config() -> None:
     from engine.worker.model_runner import draft_weight_format
     from kernels import small_rows_linear
     cpu = torch.device("cpu")
-    kernel = small_rows_linear.skinny_enabled()
+    kernel = small_rows_linear.held_weights_enabled()  # (AVX2 CPUs and wider, where the kernels built)
     auto = SpeculativeConfig(method="hybrid")
     assert draft_weight_format(auto, torch.float32, cpu) == ("int8" if kernel else None)
     bf16 = SpeculativeConfig(method="hybrid", draft_weights="bf16")

@@ -41,7 +41,7 @@ def _pair(setup, held: str | None) -> tuple[EagleProposer, EagleProposer]:
     compiled, python = (EagleProposer(draft, num_blocks=8, block_size=BLOCK, device=torch.device("cpu"),
                                       dtype=torch.float32) for _ in range(2))
     if compiled.compiled is None:
-        pytest.skip("no compiled path here (it needs the few-row kernel: an AVX2 CPU)")
+        pytest.skip("no compiled path here (float32 weights take the few-row kernel on AVX2 CPUs only)")
     python.compiled = None  # the cached property, set: the Python path
     return compiled, python
 

@@ -14,6 +14,7 @@ from engine.model.resolve import SHIPPED_DRAFT_DIR, embedded_gguf_path
 from engine.protocol import AddRequest
 from engine.spec_decode.corpus import SuffixCorpus
 from engine.spec_decode.draft_model import position_slots
+from engine.worker import model_runner
 from engine.worker.model_runner import auto_dtype, resolve_draft_dtype
 
 PROMPTS = [
@@ -69,13 +70,19 @@ def test_greedy_identical_to_plain_decoding(method: str, schedule: str, draft_dt
     assert stats.kv_cache_usage == 0.0 and stats.num_running == 0
 
 
-def test_draft_dtype_resolution() -> None:
-    """auto: the target's dtype, but under a float32 target whatever dtype="auto" takes on this
-    machine (bf16 on CPUs with native bf16); an explicit dtype is taken as asked."""
+def test_draft_dtype_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: float32 (over int8-held weights) where the compiled few-row kernel takes held weights,
+    whatever the target's dtype; elsewhere the target's dtype, but under a float32 target whatever
+    dtype="auto" takes on this machine (bf16 on CPUs with native bf16); an explicit dtype is taken
+    as asked."""
     cpu = torch.device("cpu")
     machine = auto_dtype(cpu)
-    assert resolve_draft_dtype(SpeculativeConfig(method="draft"), torch.float32, cpu) == machine
-    assert resolve_draft_dtype(SpeculativeConfig(method="draft"), torch.bfloat16, cpu) == torch.bfloat16
+    for held in (True, False):
+        monkeypatch.setattr(model_runner, "held_weights_enabled", lambda held=held: held)
+        expected = {torch.float32: torch.float32 if held else machine,
+                    torch.bfloat16: torch.float32 if held else torch.bfloat16}
+        for target, draft in expected.items():
+            assert resolve_draft_dtype(SpeculativeConfig(method="draft"), target, cpu) == draft
     assert resolve_draft_dtype(SpeculativeConfig(method="draft", draft_dtype="float32"), torch.bfloat16,
                                cpu) == torch.float32
     with pytest.raises(ValueError, match="draft_dtype"):
