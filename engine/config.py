@@ -139,16 +139,17 @@ class SpeculativeConfig:
     "hybrid"). Its own cap, longer: suffix drafts cost no model compute, and where text repeats
     (tool calls, JSON, quoted code) a match runs long; a draft model pays for every position.
     adaptive: draft fewer tokens when a request's acceptance is low or the batch is large.
-    draft_dtype: the draft's weights, activations and KV: "auto" (the target's dtype, except
-    under a float32 target where `dtype="auto"` would take bfloat16: there the draft runs in
-    bfloat16; on AVX2 CPUs, where it stays float32, see draft_weights) or a dtype ("float32":
-    all of it in float32).
+    draft_dtype: the draft's weights, activations and KV: "auto" (on a CPU with AVX2 or wider
+    where the compiled kernels built: float32 over held weights, see draft_weights, whatever the
+    target's dtype; elsewhere the target's dtype, except under a float32 target where
+    `dtype="auto"` would take bfloat16: there the draft runs in bfloat16) or a dtype
+    ("float32": all of it in float32).
     suffix_corpus: a fixed corpus of the target's past outputs that suffix matching ("suffix",
     "hybrid") also follows (a .npy of token ids, documents ended by -1: `python -m drafts
     suffix-corpus`; engine/spec_decode/corpus.py): None takes the one shipped for the embedded
     model (only when the target is the embedded model), "none" none.
     draft_weights: how a float32 draft on a CPU whose few-row products take the compiled kernel
-    (AVX2) holds its weights, computing in float32 over them: "bf16" (half the bytes, exact for
+    (AVX2 or wider) holds its weights, computing in float32 over them: "bf16" (half the bytes, exact for
     the shipped drafts' bf16 layers), "int8" (a quarter, one scale per row: rounds them), "dtype"
     (float32 itself), or "auto": int8 under draft_dtype "auto", else the dtype
     (engine/worker/model_runner.py's draft_weight_format).

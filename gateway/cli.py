@@ -72,11 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="draft model (a GGUF file or a draft folder) for --speculative draft|hybrid "
                             "(default: the draft shipped for the embedded model)")
     model.add_argument("--draft-dtype", default="auto", choices=list(DTYPES),
-                       help="the draft's dtype (auto: the target's, but bfloat16 under a float32 target where "
-                            "--dtype auto would take bfloat16, and float32 over bfloat16-held weights on AVX2 "
-                            "CPUs; drafts only propose, so it moves speed, never the output)")
+                       help="the draft's dtype (auto: float32 over held weights, see --draft-weights, on CPUs "
+                            "with AVX2 or wider where the compiled kernels built; elsewhere the target's, but "
+                            "bfloat16 under a float32 target where --dtype auto would take bfloat16; drafts "
+                            "only propose, so it moves speed, never the output)")
     model.add_argument("--draft-weights", default="auto", choices=list(DRAFT_WEIGHT_FORMATS),
-                       help="how a float32 draft holds its weights on AVX2 CPUs, computing in float32 over them: "
+                       help="how a float32 draft holds its weights on AVX2 or wider CPUs, computing in float32 over them: "
                             "bf16, int8 (one scale per row), dtype (float32 itself); auto: int8 under "
                             "--draft-dtype auto, else the dtype")
     model.add_argument("--num-speculative-tokens", type=int, default=4,

@@ -1,7 +1,7 @@
 """An EAGLE head's passes and greedy tokens in one compiled call each (kernels/cpu/eagle_head.cpp).
 
 Where the head's layer takes the one-call decoder stack (engine/model/fused_decoder.py: a
-float32 head on an AVX2 CPU), a position driven from Python paid ~10 tensor ops and 3 ctypes
+float32 head on an AVX2 CPU, or over held bf16 or int8 weights on a wider one), a position driven from Python paid ~10 tensor ops and 3 ctypes
 calls around its kernels: the embedding lookup, the concatenation with the target's state, the
 fc product and the layer's call, then the output head's product, softmax, maximum, argmax and
 the map to target ids. Measured on an AVX2 EPYC (2 threads, the shipped head with int8-held
