@@ -79,8 +79,8 @@ def held_weights_enabled() -> bool:
     with AVX2 or wider where the kernels built, AVX512 ones included. There oneDNN's products on
     one to a few rows are bound by their fixed costs, not by the bytes: on an AMX Xeon (2
     threads, weights cycled from memory) the EAGLE head's layer took 0.56 ms a row in bf16
-    through oneDNN against 0.43 over bf16-held weights in this kernel, and driven from Python a
-    whole head position 1.8 ms against 0.6-0.8 through the compiled head
+    through oneDNN against 0.43 over bf16-held weights in this kernel, and in the engine a
+    further head position 1.4 ms driven from Python against 0.5 through the compiled head
     (engine/spec_decode/eagle_compiled.py; docs/speculative.md). float32 weights there keep
     oneDNN (skinny_enabled)."""
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and cpu_kernels() is not None

@@ -1,9 +1,10 @@
 """A decoder stack's few-row steps in one compiled call (kernels/cpu/decoder_layers.cpp).
 
 Decode and verification steps of a float32 model on an AVX2 CPU (and a draft's, over held bf16
-or int8 weights, on AVX512 ones too) run every linear through the compiled few-row kernel; driven layer by layer from Python the step also pays for ~9 module and
-ctypes calls a layer and the rotary embedding as tensor ops: on the embedded model (30 layers,
-2 threads, an AVX2 EPYC) a one-token step spent 20 ms inside the kernels and 11 ms outside them.
+or int8 weights, on AVX512 ones too) run every linear through the compiled few-row kernel;
+driven layer by layer from Python the step also pays for ~9 module and ctypes calls a layer and
+the rotary embedding as tensor ops: on the embedded model (30 layers, 2 threads, an AVX2 EPYC) a
+one-token step spent 20 ms inside the kernels and 11 ms outside them.
 `FusedDecoder` hands the whole stack to one C call that runs the same kernels in the same order
 on the same inputs, so its output equals the layer-by-layer path's bit for bit
 (tests/engine/model/test_fused_decoder.py); the model falls back to that path for everything

@@ -96,8 +96,9 @@ def resolve_draft_dtype(config: SpeculativeConfig, target_dtype: torch.dtype, de
 def draft_weight_format(config: SpeculativeConfig, draft_dtype: torch.dtype, device: torch.device) -> str | None:
     """How a float32 draft holds its weights: "bf16" or "int8" (computing in float32 over them),
     or None (its dtype's own). Only where the compiled few-row kernel takes them (AVX2 CPUs and
-    wider: held_weights_enabled), which widens bf16 and int8 weights as it reads them: a draft position is bound by reading the
-    draft's weights, so bf16 reads half the bytes and int8 a quarter.
+    wider: held_weights_enabled), which widens bf16 and int8 weights as it reads them: a draft
+    position is bound by reading the draft's weights, so bf16 reads half the bytes and int8 a
+    quarter.
     - bf16: the shipped drafts' layers are stored in bf16 (drafts/), so their products are
       unchanged; the reduced output head, rows of the target's float32 head, is rounded to bf16.
     - int8 (one float32 scale per row, "auto" under draft_dtype "auto"): rounds every weight to
