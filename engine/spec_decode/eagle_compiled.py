@@ -5,12 +5,12 @@ float32 head on an AVX2 CPU, or over held bf16 or int8 weights on a wider one), 
 driven from Python paid ~10 tensor ops and 3 ctypes calls around its kernels: the embedding
 lookup, the concatenation with the target's state, the fc product and the layer's call, then the
 output head's product, softmax, maximum, argmax and the map to target ids. Measured on an AVX2
-EPYC (2 threads, the shipped head with int8-held weights, one code stream), a head call spent 1.04 ms of its 2.24 ms outside the kernels. Here
-each pass is one call into the same kernels on the same inputs: its predicted states (and so the
-head's KV) are the Python path's bit for bit, and so is the greedy token; its probability is
-summed in the kernel's own order (it only prices the draft). Anything the call does not cover
-(another dtype or device, more rows than the few-row kernel takes, a full-vocabulary head) keeps
-the Python path, which returns None here.
+EPYC (2 threads, the shipped head with int8-held weights, one code stream), a head call spent
+1.04 ms of its 2.24 ms outside the kernels. Here each pass is one call into the same kernels on
+the same inputs: its predicted states (and so the head's KV) are the Python path's bit for bit,
+and so is the greedy token; its probability is summed in the kernel's own order (it only prices
+the draft). Anything the call does not cover (another dtype or device, more rows than the
+few-row kernel takes, a full-vocabulary head) keeps the Python path, which returns None here.
 """
 
 from __future__ import annotations
