@@ -40,12 +40,14 @@ def reference() -> list[list[int]]:
 
 # Hybrid runs both proposers, so it gets every schedule; the single proposers one each.
 # "eagle": the draft method with an EAGLE head (engine/spec_decode/eagle.py) as its draft.
-# The draft's dtype is pinned (its "auto" depends on the CPU): float32 throughout, and a bf16
-# draft under the float32 target (what "auto" takes on CPUs with native bf16) for both kinds.
+# The draft's dtype is pinned where it can be (its "auto" depends on the CPU): float32
+# throughout, a bf16 draft under the float32 target for both kinds, and "auto" for both kinds
+# (float32 over int8-held weights where the compiled kernel takes held weights, the default
+# there; elsewhere the float32 target's own dtype or bf16).
 CASES = [("hybrid", "batched", "float32"), ("hybrid", "chunked", "float32"), ("hybrid", "preempted", "float32"),
          ("suffix", "preempted", "float32"), ("draft", "chunked", "float32"), ("eagle", "batched", "float32"),
          ("eagle", "chunked", "float32"), ("eagle", "preempted", "float32"), ("draft", "preempted", "bfloat16"),
-         ("eagle", "chunked", "bfloat16")]
+         ("eagle", "chunked", "bfloat16"), ("draft", "batched", "auto"), ("eagle", "preempted", "auto")]
 
 
 @pytest.mark.parametrize(("method", "schedule", "draft_dtype"), CASES)
@@ -55,8 +57,13 @@ def test_greedy_identical_to_plain_decoding(method: str, schedule: str, draft_dt
     method = "draft" if method == "eagle" else method
     llm = LLM(dtype="float32", speculative=method, draft=draft, num_speculative_tokens=4, draft_dtype=draft_dtype,
               **SCHEDULES[schedule])
-    if draft is not None:
+    if draft is not None and draft_dtype != "auto":
         assert llm.engine.runner.draft_dtype == getattr(torch, draft_dtype)
+    elif draft is not None:
+        runner = llm.engine.runner
+        assert runner.draft_dtype == resolve_draft_dtype(SpeculativeConfig(method="draft"), torch.float32, runner.device)
+        if model_runner.held_weights_enabled():
+            assert runner.draft_dtype == torch.float32 and runner.draft_held_weights == "int8"
     first = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in first] == reference
     # Again: now with prefix-cache hits (and, for suffix, last run's outputs in its index).
