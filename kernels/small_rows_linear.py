@@ -97,8 +97,8 @@ def compiled_linear(
     wider ones too (held_weights_enabled)."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= SKINNY_MAX_ROWS:
         return None
-    if not skinny_enabled() and not (weight.dtype in (torch.bfloat16, torch.int8) and x.dtype == torch.float32
-                                     and held_weights_enabled()):
+    held = weight.dtype in (torch.bfloat16, torch.int8) and x.dtype == torch.float32
+    if not (skinny_enabled() or (held and held_weights_enabled())):
         return None
     return cpu_kernels().try_skinny_linear(x, weight, bias, scales)  # (built: either check says so)
 

@@ -70,7 +70,7 @@ def measure(forms: dict[str, torch.nn.Module], max_rows: int, rounds: int) -> di
         names = names[round_index % len(names):] + names[:round_index % len(names)]  # (turns rotate)
         for name in names:
             model = forms[name]
-            dtype = torch.bfloat16 if name == "bfloat16" else torch.float32
+            dtype = model.embed_tokens.weight.dtype  # (the activations' and the KV's)
             spec = KVCacheSpec(num_layers=arch.num_hidden_layers, num_kv_heads=arch.num_key_value_heads,
                                head_dim=arch.head_dim, block_size=BLOCK_SIZE, dtype=dtype)
             samples[name].append(sweep_step_seconds(model, spec, torch.device("cpu"), max_rows))

@@ -71,19 +71,17 @@ class FusedDecoder:
         if kernels is None or len(layers) == 0:
             return None
         # On AVX2 CPUs every float32 few-row product takes the compiled kernel; on wider ones
-        # only products over held bf16 or int8 weights do (a draft's: held_weights_enabled).
-        every_form = small_rows_linear.skinny_enabled()
-        if not every_form and not small_rows_linear.held_weights_enabled():
+        # only products over held bf16 or int8 weights do (a draft's: held_weights_enabled). A
+        # PackedLinear holds the plain or panel weight the kernel reads only where
+        # skinny_enabled, so elsewhere _weight finds none for it and the stack does not apply.
+        if not (small_rows_linear.skinny_enabled() or small_rows_linear.held_weights_enabled()):
             return None
         entries, shapes = [], set()
         for layer in layers:
             attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
             if attention is None or not isinstance(mlp, GatedMLP) or attention.q_norm is not None:
                 return None
-            linears = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            if not every_form and not all(isinstance(m, (Bf16WeightLinear, Int8WeightLinear)) for m in linears):
-                return None
-            weights = [_weight(m) for m in linears]
+            weights = [_weight(m) for m in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)]
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             if any(w is None for w in weights) or any(n.dtype != torch.float32 or not n.is_cpu for n in norms):
                 return None

@@ -12,8 +12,8 @@ from engine.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from kernels.small_rows_linear import held_weights_enabled
 
 
-def _logits(model: torch.nn.Module, dtype: torch.dtype, ids: list[int]) -> torch.Tensor:
-    arch = model.arch
+def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    arch, dtype = model.arch, model.embed_tokens.weight.dtype
     spec = KVCacheSpec(num_layers=arch.num_hidden_layers, num_kv_heads=arch.num_key_value_heads,
                        head_dim=arch.head_dim, block_size=16, dtype=dtype)
     caches = allocate_kv_caches(spec, 2, torch.device("cpu"))
@@ -32,9 +32,9 @@ def test_every_form_is_the_same_model_and_a_sweep_gives_a_row_per_count() -> Non
         for name in ("float32 over bf16-held layers", "float32 over int8-held layers"):
             assert forms[name]._fused_decoder() is not None  # (what the form is there to time)
     ids = [1, 504, 3458, 314, 253, 1345, 30, 4]  # [8]
-    reference = _logits(forms["float32"], torch.float32, ids)
+    reference = _logits(forms["float32"], ids)
     for name, model in forms.items():
-        logits = _logits(model, torch.bfloat16 if name == "bfloat16" else torch.float32, ids)
+        logits = _logits(model, ids)
         similarity = torch.nn.functional.cosine_similarity(logits, reference, dim=-1)  # [8]
         assert similarity.min() > 0.98, name  # rounded weights (or activations), not another model
     results = step_forms.measure(forms, max_rows=2, rounds=1)
